@@ -1,0 +1,815 @@
+//! The engine: every operation a front end can perform is one method here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use time::OffsetDateTime;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::cache::ChunkCache;
+use crate::config::{
+    BasinConfig, BasinReconfiguration, StorageClass, StreamConfig, StreamReconfiguration,
+};
+use crate::error::{Error, Result};
+use crate::names::{BasinName, StreamName};
+use crate::read::{ReadBatch, ReadLimits, ReadRequest, ReadStart, MAX_UNARY_WAIT};
+use crate::record::{AppendAck, AppendInput, Command, SequencedRecord, StreamPosition};
+use crate::storage::metadata::{Created, ListRange};
+use crate::storage::{BasinRecord, ListPage, MetadataStore, ObjectStore, StreamRecord};
+use crate::stream::{BatchLocation, CommandEffects, SequencerState, StreamState};
+use crate::wal::{decode_chunk, decode_entry, parse_chunk_key};
+use crate::wal_writer::{FlushSettings, PendingAppend, Poison, WalWriter};
+
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    pub flush: FlushSettings,
+    /// Memory for recently written WAL chunks, which serve recent reads.
+    pub cache_bytes: usize,
+    /// How often deleted basins and streams are reaped; until then their names stay taken.
+    pub reap_interval: Duration,
+    /// The one location this server offers.
+    pub location: String,
+    /// Storage class of streams that do not choose one.
+    pub default_storage_class: StorageClass,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        Self {
+            flush: FlushSettings::default(),
+            cache_bytes: 256 * 1024 * 1024,
+            reap_interval: Duration::from_secs(5),
+            location: "local".into(),
+            default_storage_class: StorageClass::Express,
+        }
+    }
+}
+
+/// What an ensure (PUT) call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provisioned {
+    Created,
+    Updated,
+    Unchanged,
+}
+
+type StreamKey = (BasinName, StreamName);
+
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    metadata: Arc<dyn MetadataStore>,
+    objects: Arc<dyn ObjectStore>,
+    cache: Arc<ChunkCache>,
+    settings: EngineSettings,
+    epoch: u64,
+    /// Live streams by name. Every live stream is here from start-up on.
+    streams: RwLock<HashMap<StreamKey, Arc<StreamState>>>,
+    wal: RwLock<Option<mpsc::Sender<PendingAppend>>>,
+    wal_task: Mutex<Option<JoinHandle<()>>>,
+    reaper: Mutex<Option<JoinHandle<()>>>,
+    poison: Poison,
+    draining: AtomicBool,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn now_utc() -> OffsetDateTime {
+    let now = OffsetDateTime::now_utc();
+    now.replace_nanosecond(now.millisecond() as u32 * 1_000_000)
+        .unwrap_or(now)
+}
+
+/// What makes two create calls "the same call": the request token and the requested
+/// configuration. A retry with the same token but another body is a conflict.
+fn idempotency_key<T: serde::Serialize>(token: Option<&str>, requested: &T) -> Option<String> {
+    token.map(|t| {
+        format!(
+            "{t}\n{}",
+            serde_json::to_string(requested).unwrap_or_default()
+        )
+    })
+}
+
+impl Engine {
+    /// Recovers every stream from the metadata and the write-ahead log, then starts the
+    /// WAL writer and the deletion reaper. Serving starts only after this returns.
+    pub async fn open(
+        metadata: Arc<dyn MetadataStore>,
+        objects: Arc<dyn ObjectStore>,
+        settings: EngineSettings,
+    ) -> Result<Engine> {
+        let epoch = metadata.next_epoch().await?;
+        let streams = recover(metadata.as_ref(), objects.as_ref()).await?;
+        let cache = Arc::new(ChunkCache::new(settings.cache_bytes));
+        let poison: Poison = Arc::new(OnceLock::new());
+        let (wal_tx, wal_task) = WalWriter::spawn(
+            objects.clone(),
+            cache.clone(),
+            settings.flush,
+            epoch,
+            poison.clone(),
+        );
+        let inner = Arc::new(Inner {
+            metadata,
+            objects,
+            cache,
+            settings,
+            epoch,
+            streams: RwLock::new(streams),
+            wal: RwLock::new(Some(wal_tx)),
+            wal_task: Mutex::new(Some(wal_task)),
+            reaper: Mutex::new(None),
+            poison,
+            draining: AtomicBool::new(false),
+        });
+        let reaper = tokio::spawn(reap_deletions(Arc::downgrade(&inner)));
+        *inner.reaper.lock().unwrap() = Some(reaper);
+        Ok(Engine { inner })
+    }
+
+    /// This process's WAL epoch.
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    pub fn settings(&self) -> &EngineSettings {
+        &self.inner.settings
+    }
+
+    pub fn describe_storage(&self) -> String {
+        self.inner.objects.describe()
+    }
+
+    /// Stops taking appends, waits until everything already accepted is durable and
+    /// acknowledged, and stops background work.
+    pub async fn shutdown(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+        self.inner.wal.write().unwrap().take();
+        let task = self.inner.wal_task.lock().unwrap().take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        if let Some(reaper) = self.inner.reaper.lock().unwrap().take() {
+            reaper.abort();
+        }
+    }
+
+    // ---- basins ----
+
+    pub async fn create_basin(
+        &self,
+        name: BasinName,
+        config: BasinConfig,
+        request_token: Option<&str>,
+    ) -> Result<BasinRecord> {
+        config.validate()?;
+        let record = BasinRecord {
+            name,
+            location: self.inner.settings.location.clone(),
+            idempotency_key: idempotency_key(request_token, &config),
+            config,
+            created_at: now_utc(),
+            deleted_at: None,
+        };
+        match self.inner.metadata.create_basin(record).await? {
+            Created::New(basin) | Created::Existing(basin) => Ok(basin),
+        }
+    }
+
+    /// Creates the basin, or replaces its whole configuration if it exists.
+    pub async fn ensure_basin(
+        &self,
+        name: BasinName,
+        config: BasinConfig,
+    ) -> Result<(BasinRecord, Provisioned)> {
+        config.validate()?;
+        match self.inner.metadata.get_basin(&name).await? {
+            Some(existing) if existing.deleted_at.is_some() => {
+                Err(Error::BasinDeletionPending(name.to_string()))
+            }
+            Some(existing) if existing.config == config => Ok((existing, Provisioned::Unchanged)),
+            Some(mut existing) => {
+                self.inner.metadata.set_basin_config(&name, &config).await?;
+                existing.config = config;
+                Ok((existing, Provisioned::Updated))
+            }
+            None => Ok((
+                self.create_basin(name, config, None).await?,
+                Provisioned::Created,
+            )),
+        }
+    }
+
+    pub async fn basin(&self, name: &BasinName) -> Result<BasinRecord> {
+        self.inner
+            .metadata
+            .get_basin(name)
+            .await?
+            .ok_or_else(|| Error::BasinNotFound(name.to_string()))
+    }
+
+    /// A basin that exists and is not being deleted.
+    async fn active_basin(&self, name: &BasinName) -> Result<BasinRecord> {
+        let basin = self.basin(name).await?;
+        if basin.deleted_at.is_some() {
+            return Err(Error::BasinDeletionPending(name.to_string()));
+        }
+        Ok(basin)
+    }
+
+    pub async fn reconfigure_basin(
+        &self,
+        name: &BasinName,
+        change: &BasinReconfiguration,
+    ) -> Result<BasinConfig> {
+        let basin = self.active_basin(name).await?;
+        let config = change.apply(&basin.config)?;
+        self.inner.metadata.set_basin_config(name, &config).await?;
+        Ok(config)
+    }
+
+    pub async fn list_basins(&self, range: &ListRange) -> Result<ListPage<BasinRecord>> {
+        self.inner.metadata.list_basins(range).await
+    }
+
+    pub async fn delete_basin(&self, name: &BasinName) -> Result<()> {
+        let basin = self.basin(name).await?;
+        if basin.deleted_at.is_some() {
+            return Ok(());
+        }
+        self.inner
+            .metadata
+            .mark_basin_deleted(name, now_utc())
+            .await?;
+        let mut streams = self.inner.streams.write().unwrap();
+        streams.retain(|(basin, _), state| {
+            if basin == name {
+                state.mark_deleted();
+                false
+            } else {
+                true
+            }
+        });
+        Ok(())
+    }
+
+    // ---- streams ----
+
+    fn resolve_config(&self, basin: &BasinRecord, requested: &StreamConfig) -> StreamConfig {
+        requested.resolve(
+            &basin.config.default_stream_config.unwrap_or_default(),
+            self.inner.settings.default_storage_class,
+        )
+    }
+
+    pub async fn create_stream(
+        &self,
+        basin: &BasinName,
+        name: StreamName,
+        config: StreamConfig,
+        request_token: Option<&str>,
+    ) -> Result<StreamRecord> {
+        config.validate()?;
+        let basin = self.active_basin(basin).await?;
+        let record = StreamRecord {
+            id: 0,
+            basin: basin.name.clone(),
+            name,
+            config: self.resolve_config(&basin, &config),
+            created_at: now_utc(),
+            deleted_at: None,
+            idempotency_key: idempotency_key(request_token, &config),
+        };
+        let created = self.inner.metadata.create_stream(record).await?;
+        Ok(self.register(created))
+    }
+
+    /// Adds a newly created stream to the live set (idempotent for retried creates).
+    fn register(&self, created: Created<StreamRecord>) -> StreamRecord {
+        let record = match created {
+            Created::New(record) | Created::Existing(record) => record,
+        };
+        let key = (record.basin.clone(), record.name.clone());
+        let mut streams = self.inner.streams.write().unwrap();
+        streams.entry(key).or_insert_with(|| {
+            StreamState::new(
+                record.id,
+                record.name.clone(),
+                record.config,
+                SequencerState::default(),
+                Vec::new(),
+            )
+        });
+        record
+    }
+
+    pub async fn ensure_stream(
+        &self,
+        basin: &BasinName,
+        name: StreamName,
+        config: StreamConfig,
+    ) -> Result<(StreamRecord, Provisioned)> {
+        config.validate()?;
+        let basin_record = self.active_basin(basin).await?;
+        let resolved = self.resolve_config(&basin_record, &config);
+        match self.inner.metadata.get_stream(basin, &name).await? {
+            Some(existing) if existing.deleted_at.is_some() => {
+                Err(Error::StreamDeletionPending(name.to_string()))
+            }
+            Some(existing) if existing.config == resolved => Ok((existing, Provisioned::Unchanged)),
+            Some(mut existing) => {
+                self.inner
+                    .metadata
+                    .set_stream_config(existing.id, &resolved)
+                    .await?;
+                if let Some(state) = self.live_stream(basin, &name) {
+                    state.set_config(resolved);
+                }
+                existing.config = resolved;
+                Ok((existing, Provisioned::Updated))
+            }
+            None => match self.create_stream(basin, name.clone(), config, None).await {
+                Ok(record) => Ok((record, Provisioned::Created)),
+                // Lost a race with another creator: the stream now exists as asked.
+                Err(Error::AlreadyExists(_)) => {
+                    Box::pin(self.ensure_stream(basin, name, config)).await
+                }
+                Err(err) => Err(err),
+            },
+        }
+    }
+
+    fn live_stream(&self, basin: &BasinName, name: &StreamName) -> Option<Arc<StreamState>> {
+        self.inner
+            .streams
+            .read()
+            .unwrap()
+            .get(&(basin.clone(), name.clone()))
+            .cloned()
+    }
+
+    /// Explains why a stream is not live: its basin or it is missing or being deleted.
+    async fn missing_stream_error(&self, basin: &BasinName, name: &StreamName) -> Error {
+        match self.active_basin(basin).await {
+            Err(err) => err,
+            Ok(_) => match self.inner.metadata.get_stream(basin, name).await {
+                Ok(Some(record)) if record.deleted_at.is_some() => {
+                    Error::StreamDeletionPending(name.to_string())
+                }
+                Ok(_) => Error::StreamNotFound(name.to_string()),
+                Err(err) => err,
+            },
+        }
+    }
+
+    /// A live stream, created on the spot if the basin allows it for this kind of access
+    /// (`create_config` is `Some` for accesses that may create, with the requested config).
+    async fn stream_for(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        create: Option<(AutoCreate, &StreamConfig)>,
+    ) -> Result<Arc<StreamState>> {
+        if let Some(state) = self.live_stream(basin, name) {
+            return Ok(state);
+        }
+        if let Some((kind, config)) = create {
+            let basin_record = self.active_basin(basin).await?;
+            let allowed = match kind {
+                AutoCreate::OnAppend => basin_record.config.create_stream_on_append,
+                AutoCreate::OnRead => basin_record.config.create_stream_on_read,
+            };
+            if allowed {
+                config.validate()?;
+                match self.create_stream(basin, name.clone(), *config, None).await {
+                    Ok(_) | Err(Error::AlreadyExists(_)) => {}
+                    Err(err) => return Err(err),
+                }
+                if let Some(state) = self.live_stream(basin, name) {
+                    return Ok(state);
+                }
+            }
+        }
+        Err(self.missing_stream_error(basin, name).await)
+    }
+
+    pub async fn stream_config(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+    ) -> Result<StreamConfig> {
+        Ok(self.stream_for(basin, name, None).await?.config())
+    }
+
+    pub async fn reconfigure_stream(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        change: &StreamReconfiguration,
+    ) -> Result<StreamConfig> {
+        let state = self.stream_for(basin, name, None).await?;
+        let basin_record = self.active_basin(basin).await?;
+        let config = self.resolve_config(&basin_record, &change.apply(&state.config())?);
+        self.inner
+            .metadata
+            .set_stream_config(state.id, &config)
+            .await?;
+        state.set_config(config);
+        Ok(config)
+    }
+
+    pub async fn list_streams(
+        &self,
+        basin: &BasinName,
+        range: &ListRange,
+    ) -> Result<ListPage<StreamRecord>> {
+        self.basin(basin).await?;
+        self.inner.metadata.list_streams(basin, range).await
+    }
+
+    pub async fn delete_stream(&self, basin: &BasinName, name: &StreamName) -> Result<()> {
+        let record = match self.inner.metadata.get_stream(basin, name).await? {
+            Some(record) => record,
+            None => return Err(self.missing_stream_error(basin, name).await),
+        };
+        if record.deleted_at.is_some() {
+            return Ok(());
+        }
+        self.inner
+            .metadata
+            .mark_stream_deleted(record.id, now_utc())
+            .await?;
+        if let Some(state) = self
+            .inner
+            .streams
+            .write()
+            .unwrap()
+            .remove(&(basin.clone(), name.clone()))
+        {
+            state.mark_deleted();
+        }
+        Ok(())
+    }
+
+    // ---- records ----
+
+    /// Appends a batch atomically; returns only once it is durable.
+    pub async fn append(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        input: AppendInput,
+        create_config: Option<&StreamConfig>,
+    ) -> Result<AppendAck> {
+        let commands = input.validate()?;
+        self.check_accepting()?;
+        let create_config = create_config.copied().unwrap_or_default();
+        let state = self
+            .stream_for(basin, name, Some((AutoCreate::OnAppend, &create_config)))
+            .await?;
+        let (done, ack) = oneshot::channel();
+        {
+            let mut sequencer = state.sequencer().lock().await;
+            let batch = state.sequence(&mut sequencer, input, &commands, now_ms())?;
+            let wal = self.inner.wal.read().unwrap().clone();
+            let wal = wal.ok_or(Error::ServerDraining)?;
+            // Sent while the sequencer is held, so batches enter the log in sequence order.
+            if wal.send(PendingAppend { batch, done }).await.is_err() {
+                return Err(Error::ServerDraining);
+            }
+        }
+        ack.await
+            .map_err(|_| Error::Unavailable("the write-ahead log stopped".into()))?
+    }
+
+    fn check_accepting(&self) -> Result<()> {
+        if let Some(reason) = self.inner.poison.get() {
+            return Err(Error::Unavailable(reason.clone()));
+        }
+        if self.inner.draining.load(Ordering::SeqCst) {
+            return Err(Error::ServerDraining);
+        }
+        Ok(())
+    }
+
+    pub async fn check_tail(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        create_config: Option<&StreamConfig>,
+    ) -> Result<StreamPosition> {
+        let create_config = create_config.copied().unwrap_or_default();
+        let state = self
+            .stream_for(basin, name, Some((AutoCreate::OnRead, &create_config)))
+            .await?;
+        Ok(state.tail())
+    }
+
+    /// A single-batch read with the documented semantics: start selection, the 416
+    /// rules, bounds capped at 1000 records / 1 MiB, and an optional wait at the tail.
+    pub async fn read(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        request: ReadRequest,
+        create_config: Option<&StreamConfig>,
+    ) -> Result<ReadBatch> {
+        if let (ReadStart::Timestamp(start), Some(until)) = (request.start, request.limits.until) {
+            if until <= start {
+                return Err(Error::invalid(
+                    "`until` must be greater than the start `timestamp`",
+                ));
+            }
+        }
+        let create_config = create_config.copied().unwrap_or_default();
+        let state = self
+            .stream_for(basin, name, Some((AutoCreate::OnRead, &create_config)))
+            .await?;
+        let wait = request.wait.min(MAX_UNARY_WAIT);
+        let limits = request.limits.for_one_batch();
+        // Subscribe before looking at the tail, so no append slips between the two.
+        let mut tail_changes = state.subscribe();
+        let tail = state.tail();
+        let start_seq = match self.start_seq(&state, request.start, tail).await? {
+            Some(seq) => seq,
+            None if request.clamp => tail.seq_num,
+            None => return Err(Error::RangeNotSatisfiable { tail }),
+        };
+        let start_seq = start_seq.max(state.visible().trim_point);
+        if wait.is_zero() && start_seq >= tail.seq_num {
+            return Err(Error::RangeNotSatisfiable { tail });
+        }
+        if limits.count == Some(0) || limits.bytes == Some(0) {
+            return Ok(ReadBatch::default());
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let (records, bounded) = self.collect(&state, start_seq, limits).await?;
+            if !records.is_empty() || bounded {
+                let tail = state.tail();
+                let at_tail = records.last().map(|r| r.seq_num + 1) == Some(tail.seq_num);
+                return Ok(ReadBatch {
+                    records,
+                    tail: at_tail.then_some(tail),
+                });
+            }
+            if state.is_deleted() {
+                return Err(Error::StreamDeletionPending(name.to_string()));
+            }
+            match tokio::time::timeout_at(deadline, tail_changes.changed()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) | Err(_) => return Ok(ReadBatch::default()),
+            }
+        }
+    }
+
+    /// The sequence number a start selector points at, or `None` if it lies beyond the
+    /// tail (`seq_num > tail` or `timestamp > tail timestamp`).
+    async fn start_seq(
+        &self,
+        state: &StreamState,
+        start: ReadStart,
+        tail: StreamPosition,
+    ) -> Result<Option<u64>> {
+        Ok(match start {
+            ReadStart::SeqNum(seq) if seq > tail.seq_num => None,
+            ReadStart::SeqNum(seq) => Some(seq),
+            ReadStart::TailOffset(offset) => Some(tail.seq_num.saturating_sub(offset)),
+            ReadStart::Timestamp(ts) if ts > tail.timestamp => None,
+            ReadStart::Timestamp(ts) => {
+                // Timestamps are monotonic, so batches are ordered by their last timestamp.
+                let location = {
+                    let visible = state.visible();
+                    let i = visible.batches.partition_point(|b| b.last_timestamp < ts);
+                    visible.batches.get(i).cloned()
+                };
+                match location {
+                    None => Some(tail.seq_num),
+                    Some(location) => {
+                        let records = self.load(&location).await?;
+                        Some(
+                            records
+                                .iter()
+                                .find(|r| r.timestamp >= ts)
+                                .map_or(location.end_seq, |r| r.seq_num),
+                        )
+                    }
+                }
+            }
+        })
+    }
+
+    /// Durable records from `start_seq` within `limits` (which must have count and bytes
+    /// set). The flag says a bound (rather than the tail) stopped the read.
+    async fn collect(
+        &self,
+        state: &StreamState,
+        start_seq: u64,
+        limits: ReadLimits,
+    ) -> Result<(Vec<SequencedRecord>, bool)> {
+        let max_count = limits.count.unwrap_or(u64::MAX);
+        let max_bytes = limits.bytes.unwrap_or(u64::MAX);
+        let locations: Vec<BatchLocation> = {
+            let visible = state.visible();
+            let first = visible.batches.partition_point(|b| b.end_seq <= start_seq);
+            let mut covered = 0u64;
+            visible.batches[first..]
+                .iter()
+                .take_while(|b| {
+                    let take = covered < max_count;
+                    covered += b.end_seq - b.start_seq.max(start_seq);
+                    take
+                })
+                .cloned()
+                .collect()
+        };
+        let mut records = Vec::new();
+        let mut bytes = 0u64;
+        for location in &locations {
+            for record in self.load(location).await? {
+                if record.seq_num < start_seq {
+                    continue;
+                }
+                if limits.until.is_some_and(|until| record.timestamp >= until) {
+                    return Ok((records, true));
+                }
+                let size = record.metered_size();
+                if records.len() as u64 >= max_count || bytes + size > max_bytes {
+                    return Ok((records, true));
+                }
+                bytes += size;
+                records.push(record);
+            }
+        }
+        Ok((records, false))
+    }
+
+    /// The records of one durable batch, from the cache or the object store.
+    async fn load(&self, location: &BatchLocation) -> Result<Vec<SequencedRecord>> {
+        let span = location.span;
+        let bytes = match self.inner.cache.get(&location.chunk) {
+            Some(chunk) => chunk.slice(span.offset as usize..(span.offset + span.len) as usize),
+            None => {
+                self.inner
+                    .objects
+                    .get_range(&location.chunk, span.offset..span.offset + span.len)
+                    .await?
+            }
+        };
+        Ok(decode_entry(&location.chunk, bytes)?.1)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum AutoCreate {
+    OnAppend,
+    OnRead,
+}
+
+/// Rebuilds every live stream from the WAL: its tail, last timestamp, fencing token, trim
+/// point, and where each batch lies. Within each epoch, chunks are replayed in order up
+/// to the first missing one; chunks after a gap were never acknowledged (see the writer).
+async fn recover(
+    metadata: &dyn MetadataStore,
+    objects: &dyn ObjectStore,
+) -> Result<HashMap<StreamKey, Arc<StreamState>>> {
+    let live = metadata.live_streams().await?;
+    let mut replay: HashMap<u64, (SequencerState, Vec<BatchLocation>)> = live
+        .iter()
+        .map(|s| (s.id, (SequencerState::default(), Vec::new())))
+        .collect();
+
+    let mut epochs: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for key in objects.list("wal/").await? {
+        if let Some((epoch, number)) = parse_chunk_key(&key) {
+            epochs.entry(epoch).or_default().push(number);
+        }
+    }
+    let mut chunks_replayed = 0usize;
+    for (epoch, mut numbers) in epochs {
+        numbers.sort_unstable();
+        for (expected, number) in numbers.iter().enumerate() {
+            if *number != expected as u64 {
+                tracing::info!(
+                    epoch,
+                    ignored = numbers.len() - expected,
+                    "WAL chunks after a gap were never acknowledged; ignoring them"
+                );
+                break;
+            }
+            let key: Arc<str> = crate::wal::chunk_key(epoch, *number).into();
+            let chunk = objects.get(&key).await?.ok_or_else(|| {
+                Error::storage(format!("WAL chunk `{key}` vanished during recovery"))
+            })?;
+            for entry in decode_chunk(&key, &chunk)? {
+                let Some((sequencer, batches)) = replay.get_mut(&entry.stream_id) else {
+                    continue; // a deleted stream
+                };
+                let first_seq = entry.records[0].seq_num;
+                if first_seq != sequencer.next_seq {
+                    return Err(Error::storage(format!(
+                        "WAL chunk `{key}` continues stream {} at {first_seq}, but recovery \
+                         expected {}; refusing to serve from an inconsistent log",
+                        entry.stream_id, sequencer.next_seq
+                    )));
+                }
+                let commands: Vec<(usize, Command)> = entry
+                    .records
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, r)| {
+                        Command::parse(&r.headers, &r.body)
+                            .ok()
+                            .flatten()
+                            .map(|c| (i, c))
+                    })
+                    .collect();
+                let mut effects = CommandEffects::from(&*sequencer);
+                effects.apply(first_seq, commands.iter().map(|(i, c)| (*i, c)));
+                let last = entry.records.last().expect("entries are never empty");
+                sequencer.next_seq = last.seq_num + 1;
+                sequencer.last_timestamp = last.timestamp;
+                sequencer.fencing_token = effects.fencing_token;
+                sequencer.trim_point = effects.trim_point;
+                batches.push(BatchLocation {
+                    start_seq: first_seq,
+                    end_seq: last.seq_num + 1,
+                    last_timestamp: last.timestamp,
+                    chunk: key.clone(),
+                    span: entry.span,
+                });
+            }
+            chunks_replayed += 1;
+        }
+    }
+    tracing::info!(
+        streams = live.len(),
+        chunks = chunks_replayed,
+        "recovered streams from the write-ahead log"
+    );
+    Ok(live
+        .into_iter()
+        .map(|record| {
+            let (sequencer, batches) = replay.remove(&record.id).unwrap_or_default();
+            let state = StreamState::new(
+                record.id,
+                record.name.clone(),
+                record.config,
+                sequencer,
+                batches,
+            );
+            ((record.basin, record.name), state)
+        })
+        .collect())
+}
+
+/// Finishes deletions in the background: streams first, then basins left without any.
+async fn reap_deletions(inner: std::sync::Weak<Inner>) {
+    loop {
+        let interval = match inner.upgrade() {
+            Some(inner) => inner.settings.reap_interval,
+            None => return,
+        };
+        tokio::time::sleep(interval).await;
+        let Some(inner) = inner.upgrade() else { return };
+        if let Err(err) = reap_once(inner.metadata.as_ref()).await {
+            tracing::warn!(error = %err, "finishing deletions failed; will retry");
+        }
+    }
+}
+
+async fn reap_once(metadata: &dyn MetadataStore) -> Result<()> {
+    let (streams, basins) = metadata.pending_deletions().await?;
+    for stream in &streams {
+        // Records of deleted streams are skipped by reads and recovery (their id is gone);
+        // their WAL bytes are reclaimed with the chunks that hold them.
+        metadata.remove_stream(stream.id).await?;
+    }
+    for basin in basins {
+        let remaining = metadata
+            .list_streams(
+                &basin,
+                &ListRange {
+                    limit: 1,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        if remaining.items.is_empty() {
+            metadata.remove_basin(&basin).await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,21 @@
+//! streamgate-core: the engine behind every streamgate front end.
+//!
+//! Front ends call [`Engine`]; they never touch storage. See DESIGN.md for the promises
+//! every path keeps: acknowledged appends are durable, streams are linearizable, batches
+//! are atomic, and bad input gets a clear error and changes nothing.
+
+pub mod cache;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod names;
+pub mod read;
+pub mod record;
+pub mod storage;
+mod stream;
+pub mod wal;
+mod wal_writer;
+
+pub use engine::{Engine, EngineSettings, Provisioned};
+pub use error::{Error, Result};
+pub use wal_writer::FlushSettings;

@@ -1,0 +1,10 @@
+//! The two storage traits of the engine and their implementations.
+
+pub mod local_dir;
+pub mod memory;
+pub mod metadata;
+pub mod objects;
+pub mod sqlite;
+
+pub use metadata::{BasinRecord, ListPage, MetadataStore, StreamRecord};
+pub use objects::ObjectStore;

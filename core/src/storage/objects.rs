@@ -1,0 +1,76 @@
+//! `ObjectStore`: immutable objects addressed by key. Every backend passes the same
+//! conformance suite (`conformance` below).
+
+use std::ops::Range;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::error::Result;
+
+#[async_trait]
+pub trait ObjectStore: Send + Sync + 'static {
+    /// Stores an object. When this returns `Ok`, the object survives any crash and is
+    /// visible whole to every later `get` and `list`; a crash before that leaves either
+    /// no object or the whole object, never a part of it.
+    async fn put(&self, key: &str, data: Bytes) -> Result<()>;
+    /// The whole object, or `None` if there is no object at `key`.
+    async fn get(&self, key: &str) -> Result<Option<Bytes>>;
+    /// A byte range of an object that must exist.
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes>;
+    /// Keys that start with `prefix`, in lexicographic order.
+    async fn list(&self, prefix: &str) -> Result<Vec<String>>;
+    /// Removes an object; removing a missing object is not an error.
+    async fn delete(&self, key: &str) -> Result<()>;
+    /// A short description for logs and the start-up banner.
+    fn describe(&self) -> String;
+}
+
+/// The behaviour every `ObjectStore` must show; each backend's tests call this.
+#[cfg(test)]
+pub(crate) async fn conformance(store: &dyn ObjectStore) {
+    assert_eq!(store.get("a/missing").await.unwrap(), None);
+    assert!(store.list("").await.unwrap().is_empty());
+
+    store
+        .put("wal/2/b", Bytes::from_static(b"second"))
+        .await
+        .unwrap();
+    store
+        .put("wal/1/a", Bytes::from_static(b"first!"))
+        .await
+        .unwrap();
+    store
+        .put("other/x", Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get("wal/1/a").await.unwrap(),
+        Some(Bytes::from_static(b"first!"))
+    );
+    assert_eq!(
+        store.get_range("wal/2/b", 1..4).await.unwrap(),
+        Bytes::from_static(b"eco")
+    );
+    assert_eq!(
+        store.list("wal/").await.unwrap(),
+        vec!["wal/1/a", "wal/2/b"]
+    );
+    assert_eq!(store.list("").await.unwrap().len(), 3);
+
+    // Overwriting replaces the whole object.
+    store
+        .put("other/x", Bytes::from_static(b"replaced"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get("other/x").await.unwrap(),
+        Some(Bytes::from_static(b"replaced"))
+    );
+
+    store.delete("wal/1/a").await.unwrap();
+    store.delete("wal/1/a").await.unwrap();
+    assert_eq!(store.get("wal/1/a").await.unwrap(), None);
+    assert_eq!(store.list("wal/").await.unwrap(), vec!["wal/2/b"]);
+    assert!(store.get_range("wal/1/a", 0..1).await.is_err());
+}

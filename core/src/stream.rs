@@ -1,0 +1,382 @@
+//! One stream's live state. Two halves with separate locks:
+//! - the **sequencer** (async mutex, held across the hand-off to the WAL writer so batches
+//!   enter the log in sequence order): checks append conditions, assigns sequence numbers
+//!   and timestamps, and tracks the fencing token and trim point including batches not yet
+//!   durable;
+//! - the **visible** state: the durable tail, trim point and where each durable batch lies
+//!   in the WAL. Readers only ever see this half, so they never see a record before it is
+//!   durable. Followers wait on `tail_tx`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::{watch, Mutex};
+
+use crate::config::{StreamConfig, TimestampingMode};
+use crate::error::{Error, Result};
+use crate::names::StreamName;
+use crate::record::{AppendInput, Command, StreamPosition};
+use crate::wal::{EntrySpan, StoredRecord};
+
+pub(crate) struct StreamState {
+    pub id: u64,
+    pub name: StreamName,
+    config: RwLock<StreamConfig>,
+    sequencer: Mutex<SequencerState>,
+    visible: RwLock<VisibleState>,
+    tail_tx: watch::Sender<StreamPosition>,
+    deleted: AtomicBool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SequencerState {
+    pub next_seq: u64,
+    pub last_timestamp: u64,
+    pub fencing_token: String,
+    pub trim_point: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct VisibleState {
+    pub tail: StreamPosition,
+    pub trim_point: u64,
+    /// Durable batches in sequence order.
+    pub batches: Vec<BatchLocation>,
+}
+
+/// Where a durable batch lies: a WAL chunk and the entry's byte span in it.
+#[derive(Debug, Clone)]
+pub(crate) struct BatchLocation {
+    pub start_seq: u64,
+    pub end_seq: u64,
+    pub last_timestamp: u64,
+    pub chunk: Arc<str>,
+    pub span: EntrySpan,
+}
+
+/// A batch the sequencer has accepted, on its way to the WAL.
+pub(crate) struct SequencedBatch {
+    pub stream: Arc<StreamState>,
+    pub first_seq: u64,
+    pub records: Arc<[StoredRecord]>,
+    pub trim_point: u64,
+}
+
+impl SequencedBatch {
+    pub fn start(&self) -> StreamPosition {
+        StreamPosition {
+            seq_num: self.first_seq,
+            timestamp: self.records[0].timestamp,
+        }
+    }
+
+    pub fn end(&self) -> StreamPosition {
+        StreamPosition {
+            seq_num: self.first_seq + self.records.len() as u64,
+            timestamp: self.records[self.records.len() - 1].timestamp,
+        }
+    }
+}
+
+impl StreamState {
+    pub fn new(
+        id: u64,
+        name: StreamName,
+        config: StreamConfig,
+        recovered: SequencerState,
+        batches: Vec<BatchLocation>,
+    ) -> Arc<Self> {
+        let tail = StreamPosition {
+            seq_num: recovered.next_seq,
+            timestamp: recovered.last_timestamp,
+        };
+        let visible = VisibleState {
+            tail,
+            trim_point: recovered.trim_point,
+            batches,
+        };
+        Arc::new(Self {
+            id,
+            name,
+            config: RwLock::new(config),
+            sequencer: Mutex::new(recovered),
+            visible: RwLock::new(visible),
+            tail_tx: watch::Sender::new(tail),
+            deleted: AtomicBool::new(false),
+        })
+    }
+
+    pub fn config(&self) -> StreamConfig {
+        *self.config.read().unwrap()
+    }
+
+    pub fn set_config(&self, config: StreamConfig) {
+        *self.config.write().unwrap() = config;
+    }
+
+    /// Marks the stream deleted and wakes its followers so they can end.
+    pub fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::SeqCst);
+        self.tail_tx.send_modify(|_| {});
+    }
+
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::SeqCst)
+    }
+
+    pub fn sequencer(&self) -> &Mutex<SequencerState> {
+        &self.sequencer
+    }
+
+    pub fn visible(&self) -> std::sync::RwLockReadGuard<'_, VisibleState> {
+        self.visible.read().unwrap()
+    }
+
+    pub fn tail(&self) -> StreamPosition {
+        self.visible().tail
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<StreamPosition> {
+        self.tail_tx.subscribe()
+    }
+
+    /// Checks conditions and assigns positions. The caller holds the sequencer lock and
+    /// hands the batch to the WAL writer before releasing it.
+    pub fn sequence(
+        self: &Arc<Self>,
+        state: &mut SequencerState,
+        input: AppendInput,
+        commands: &[(usize, Command)],
+        arrival_ms: u64,
+    ) -> Result<SequencedBatch> {
+        if self.is_deleted() {
+            return Err(Error::StreamDeletionPending(self.name.to_string()));
+        }
+        if let Some(token) = &input.fencing_token {
+            if *token != state.fencing_token {
+                return Err(Error::FencingTokenMismatch(state.fencing_token.clone()));
+            }
+        }
+        if let Some(expected) = input.match_seq_num {
+            if expected != state.next_seq {
+                return Err(Error::SeqNumMismatch(state.next_seq));
+            }
+        }
+        let config = self.config();
+        let mode = config.timestamping_mode();
+        let uncapped = config.timestamping_uncapped();
+        let mut last_timestamp = state.last_timestamp;
+        let mut records = Vec::with_capacity(input.records.len());
+        for record in input.records {
+            let mut timestamp = match (mode, record.timestamp) {
+                (TimestampingMode::Arrival, _) => arrival_ms,
+                (_, Some(client)) => client,
+                (TimestampingMode::ClientPrefer, None) => arrival_ms,
+                (TimestampingMode::ClientRequire, None) => {
+                    return Err(Error::invalid(
+                        "this stream's timestamping mode is client-require: every record needs a timestamp",
+                    ))
+                }
+            };
+            if !uncapped {
+                timestamp = timestamp.min(arrival_ms);
+            }
+            timestamp = timestamp.max(last_timestamp);
+            last_timestamp = timestamp;
+            records.push(StoredRecord {
+                timestamp,
+                headers: record.headers,
+                body: record.body,
+            });
+        }
+        let first_seq = state.next_seq;
+        let mut effects = CommandEffects::from(&*state);
+        effects.apply(first_seq, commands.iter().map(|(i, c)| (*i, c)));
+        state.next_seq += records.len() as u64;
+        state.last_timestamp = last_timestamp;
+        state.fencing_token = effects.fencing_token;
+        state.trim_point = effects.trim_point;
+        Ok(SequencedBatch {
+            stream: self.clone(),
+            first_seq,
+            records: records.into(),
+            trim_point: effects.trim_point,
+        })
+    }
+
+    /// Makes a durable batch visible to readers and wakes followers.
+    pub fn publish(&self, batch: &SequencedBatch, chunk: Arc<str>, span: EntrySpan) {
+        let end = batch.end();
+        let mut visible = self.visible.write().unwrap();
+        visible.tail = end;
+        visible.trim_point = visible.trim_point.max(batch.trim_point);
+        visible.batches.push(BatchLocation {
+            start_seq: batch.first_seq,
+            end_seq: end.seq_num,
+            last_timestamp: end.timestamp,
+            chunk,
+            span,
+        });
+        drop(visible);
+        self.tail_tx.send_replace(end);
+    }
+}
+
+/// The fencing token and trim point as command records change them. One piece of code
+/// for the sequencer and for recovery, so both always agree.
+pub(crate) struct CommandEffects {
+    pub fencing_token: String,
+    pub trim_point: u64,
+}
+
+impl From<&SequencerState> for CommandEffects {
+    fn from(state: &SequencerState) -> Self {
+        Self {
+            fencing_token: state.fencing_token.clone(),
+            trim_point: state.trim_point,
+        }
+    }
+}
+
+impl<'a> CommandEffects {
+    /// Applies commands found at `index` within a batch that starts at `first_seq`.
+    pub fn apply(&mut self, first_seq: u64, commands: impl Iterator<Item = (usize, &'a Command)>) {
+        for (index, command) in commands {
+            let seq_num = first_seq + index as u64;
+            match command {
+                Command::Fence(token) => self.fencing_token = token.clone(),
+                Command::Trim(requested) => {
+                    self.trim_point = self.trim_point.max((*requested).min(seq_num + 1));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TimestampingConfig;
+    use crate::record::AppendRecord;
+    use bytes::Bytes;
+
+    fn stream(mode: TimestampingMode, uncapped: bool) -> Arc<StreamState> {
+        let config = StreamConfig {
+            timestamping: Some(TimestampingConfig {
+                mode: Some(mode),
+                uncapped: Some(uncapped),
+            }),
+            ..Default::default()
+        };
+        StreamState::new(
+            1,
+            StreamName::new("s").unwrap(),
+            config,
+            SequencerState::default(),
+            Vec::new(),
+        )
+    }
+
+    fn input(timestamps: &[Option<u64>]) -> AppendInput {
+        AppendInput {
+            records: timestamps
+                .iter()
+                .map(|ts| AppendRecord {
+                    timestamp: *ts,
+                    headers: vec![],
+                    body: Bytes::from_static(b"x"),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn timestamps(batch: &SequencedBatch) -> Vec<u64> {
+        batch.records.iter().map(|r| r.timestamp).collect()
+    }
+
+    #[tokio::test]
+    async fn timestamps_follow_mode_cap_and_monotonicity() {
+        let s = stream(TimestampingMode::ClientPrefer, false);
+        let mut st = s.sequencer().lock().await;
+        // Client values are used, capped at arrival (1000), and never go backwards.
+        let b = s
+            .sequence(
+                &mut st,
+                input(&[Some(500), None, Some(5000), Some(100)]),
+                &[],
+                1000,
+            )
+            .unwrap();
+        assert_eq!(timestamps(&b), vec![500, 1000, 1000, 1000]);
+        assert_eq!(b.first_seq, 0);
+        let b = s.sequence(&mut st, input(&[Some(10)]), &[], 2000).unwrap();
+        assert_eq!(timestamps(&b), vec![1000]);
+        assert_eq!(b.first_seq, 4);
+
+        let s = stream(TimestampingMode::ClientPrefer, true);
+        let mut st = s.sequencer().lock().await;
+        let b = s
+            .sequence(&mut st, input(&[Some(5000)]), &[], 1000)
+            .unwrap();
+        assert_eq!(timestamps(&b), vec![5000]);
+
+        let s = stream(TimestampingMode::Arrival, true);
+        let mut st = s.sequencer().lock().await;
+        let b = s
+            .sequence(&mut st, input(&[Some(5000), None]), &[], 1000)
+            .unwrap();
+        assert_eq!(timestamps(&b), vec![1000, 1000]);
+
+        let s = stream(TimestampingMode::ClientRequire, false);
+        let mut st = s.sequencer().lock().await;
+        let err = s.sequence(&mut st, input(&[Some(1), None]), &[], 1000);
+        assert_eq!(err.err().unwrap().code(), "invalid");
+        assert_eq!(st.next_seq, 0, "a rejected batch assigns nothing");
+    }
+
+    #[tokio::test]
+    async fn conditions_are_checked_against_the_sequencer() {
+        let s = stream(TimestampingMode::ClientPrefer, false);
+        let mut st = s.sequencer().lock().await;
+        s.sequence(&mut st, input(&[None, None]), &[], 1).unwrap();
+        let mut wrong = input(&[None]);
+        wrong.match_seq_num = Some(1);
+        assert!(matches!(
+            s.sequence(&mut st, wrong, &[], 1),
+            Err(Error::SeqNumMismatch(2))
+        ));
+        let mut right = input(&[None]);
+        right.match_seq_num = Some(2);
+        assert!(s.sequence(&mut st, right, &[], 1).is_ok());
+
+        // Fence, then appends with another token fail with the current token.
+        let fence = [(0usize, Command::Fence("w1".into()))];
+        s.sequence(&mut st, input(&[None]), &fence, 1).unwrap();
+        let mut other = input(&[None]);
+        other.fencing_token = Some("w2".into());
+        assert!(matches!(
+            s.sequence(&mut st, other, &[], 1),
+            Err(Error::FencingTokenMismatch(t)) if t == "w1"
+        ));
+        let mut same = input(&[None]);
+        same.fencing_token = Some("w1".into());
+        assert!(s.sequence(&mut st, same, &[], 1).is_ok());
+    }
+
+    #[test]
+    fn trim_point_follows_the_documented_formula() {
+        let mut effects = CommandEffects {
+            fencing_token: String::new(),
+            trim_point: 0,
+        };
+        // A trim at seq 10 asking for 100 trims through itself only: 11.
+        effects.apply(10, [(0, &Command::Trim(100))].into_iter());
+        assert_eq!(effects.trim_point, 11);
+        // It never moves backwards.
+        effects.apply(20, [(0, &Command::Trim(5))].into_iter());
+        assert_eq!(effects.trim_point, 11);
+        effects.apply(20, [(1, &Command::Trim(15))].into_iter());
+        assert_eq!(effects.trim_point, 15);
+    }
+}

@@ -1,0 +1,231 @@
+//! The group-commit writer. Sequenced batches from all streams queue here; the writer cuts
+//! them into WAL chunks and puts several chunks in flight at once. Chunks complete in any
+//! order but are *released* strictly in the order they were cut: a batch is published to
+//! readers and acknowledged only when its own chunk and every chunk before it are durable.
+//! That keeps each stream's acknowledged prefix dense, and it is why recovery may drop
+//! everything after the first missing chunk of an epoch: nothing there was acknowledged.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::{FuturesOrdered, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::cache::ChunkCache;
+use crate::error::{Error, Result};
+use crate::record::AppendAck;
+use crate::storage::ObjectStore;
+use crate::stream::SequencedBatch;
+use crate::wal::{chunk_key, ChunkBuilder, EntrySpan};
+
+/// How the writer groups and pipelines chunks.
+#[derive(Debug, Clone, Copy)]
+pub struct FlushSettings {
+    /// How long a batch may wait for others to share its chunk. Zero flushes as soon as a
+    /// flush slot is free, which is best for latency on a local disk.
+    pub linger: Duration,
+    /// A chunk is cut once it holds this many bytes of records.
+    pub max_chunk_bytes: usize,
+    /// Chunks being written at once.
+    pub max_in_flight: usize,
+    /// Attempts at writing one chunk before the log is declared failed.
+    pub put_attempts: u32,
+}
+
+impl Default for FlushSettings {
+    fn default() -> Self {
+        Self {
+            linger: Duration::ZERO,
+            max_chunk_bytes: 8 * 1024 * 1024,
+            max_in_flight: 4,
+            put_attempts: 3,
+        }
+    }
+}
+
+pub(crate) struct PendingAppend {
+    pub batch: SequencedBatch,
+    pub done: oneshot::Sender<Result<AppendAck>>,
+}
+
+/// Set once when a chunk cannot be written: from then on every append fails, because the
+/// in-memory state is ahead of what is durable. A restart recovers from the log.
+pub(crate) type Poison = Arc<OnceLock<String>>;
+
+pub(crate) struct WalWriter {
+    store: Arc<dyn ObjectStore>,
+    cache: Arc<ChunkCache>,
+    settings: FlushSettings,
+    epoch: u64,
+    next_chunk: u64,
+    poison: Poison,
+}
+
+/// A chunk being written, and the appends waiting for it.
+struct Flight {
+    key: Arc<str>,
+    appends: Vec<PendingAppend>,
+}
+
+impl WalWriter {
+    pub fn spawn(
+        store: Arc<dyn ObjectStore>,
+        cache: Arc<ChunkCache>,
+        settings: FlushSettings,
+        epoch: u64,
+        poison: Poison,
+    ) -> (mpsc::Sender<PendingAppend>, JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(4096);
+        let writer = WalWriter {
+            store,
+            cache,
+            settings,
+            epoch,
+            next_chunk: 0,
+            poison,
+        };
+        (tx, tokio::spawn(writer.run(rx)))
+    }
+
+    /// Runs until every sender is dropped and everything queued is durable (or failed).
+    async fn run(mut self, mut rx: mpsc::Receiver<PendingAppend>) {
+        let mut pending: Vec<PendingAppend> = Vec::new();
+        let mut pending_bytes = 0usize;
+        let mut first_pending_at = Instant::now();
+        let mut in_flight: FuturesOrdered<_> = FuturesOrdered::new();
+        let mut open = true;
+
+        loop {
+            let linger_over = first_pending_at + self.settings.linger <= Instant::now();
+            let can_flush = in_flight.len() < self.settings.max_in_flight;
+            if !pending.is_empty()
+                && can_flush
+                && (linger_over || pending_bytes >= self.settings.max_chunk_bytes || !open)
+            {
+                let appends = std::mem::take(&mut pending);
+                pending_bytes = 0;
+                in_flight.push_back(self.start_flush(appends));
+                continue;
+            }
+            if !open && pending.is_empty() && in_flight.is_empty() {
+                return;
+            }
+            let room = pending_bytes < self.settings.max_chunk_bytes;
+            let linger_deadline = first_pending_at + self.settings.linger;
+            tokio::select! {
+                received = rx.recv(), if open && room => match received {
+                    Some(append) => {
+                        if pending.is_empty() {
+                            first_pending_at = Instant::now();
+                        }
+                        pending_bytes += append.batch.records.iter().map(|r| r.body.len() + 16).sum::<usize>();
+                        pending.push(append);
+                    }
+                    None => open = false,
+                },
+                Some((flight, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.finish_flight(flight, outcome);
+                }
+                _ = tokio::time::sleep_until(linger_deadline), if !pending.is_empty() && can_flush && !linger_over => {}
+            }
+        }
+    }
+
+    fn start_flush(
+        &mut self,
+        appends: Vec<PendingAppend>,
+    ) -> impl std::future::Future<Output = (Flight, Result<(Bytes, Vec<EntrySpan>)>)> {
+        let key: Arc<str> = chunk_key(self.epoch, self.next_chunk).into();
+        self.next_chunk += 1;
+        let entries: Vec<_> = appends
+            .iter()
+            .map(|a| {
+                (
+                    a.batch.stream.id,
+                    a.batch.first_seq,
+                    a.batch.records.clone(),
+                )
+            })
+            .collect();
+        let store = self.store.clone();
+        let attempts = self.settings.put_attempts.max(1);
+        let task_key = key.clone();
+        let poisoned = self.poison.get().cloned();
+        let task = tokio::spawn(async move {
+            if let Some(reason) = poisoned {
+                return Err(Error::Unavailable(reason));
+            }
+            let size = entries
+                .iter()
+                .map(|(_, _, records)| records.iter().map(|r| r.body.len() + 32).sum::<usize>())
+                .sum();
+            let mut builder = ChunkBuilder::with_capacity(size);
+            for (stream_id, first_seq, records) in &entries {
+                builder.push(*stream_id, *first_seq, records);
+            }
+            let (chunk, spans) = builder.finish();
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                match store.put(&task_key, chunk.clone()).await {
+                    Ok(()) => return Ok((chunk, spans)),
+                    Err(err) if attempt < attempts => {
+                        tracing::warn!(chunk = %task_key, attempt, error = %err, "WAL chunk write failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(100 * attempt as u64)).await;
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+        });
+        async move {
+            let outcome = match task.await {
+                Ok(outcome) => outcome,
+                Err(join) => Err(Error::storage(format!("WAL flush task failed: {join}"))),
+            };
+            (Flight { key, appends }, outcome)
+        }
+    }
+
+    fn finish_flight(&mut self, flight: Flight, outcome: Result<(Bytes, Vec<EntrySpan>)>) {
+        let outcome = match (self.poison.get(), outcome) {
+            // A chunk after a failed one may be durable, but it must not be released: the
+            // failed chunk's batches came before it.
+            (Some(reason), _) => Err(Error::Unavailable(reason.clone())),
+            (None, outcome) => outcome,
+        };
+        match outcome {
+            Ok((chunk, spans)) => {
+                self.cache.insert(flight.key.clone(), chunk);
+                for (append, span) in flight.appends.iter().zip(spans) {
+                    append
+                        .batch
+                        .stream
+                        .publish(&append.batch, flight.key.clone(), span);
+                }
+                for append in flight.appends {
+                    let ack = AppendAck {
+                        start: append.batch.start(),
+                        end: append.batch.end(),
+                        tail: append.batch.stream.tail(),
+                    };
+                    let _ = append.done.send(Ok(ack));
+                }
+            }
+            Err(err) => {
+                let reason = format!(
+                    "the write-ahead log could not be written ({err}); appends are refused \
+                     until streamgate is restarted, which recovers every acknowledged record"
+                );
+                if self.poison.set(reason.clone()).is_ok() {
+                    tracing::error!("{reason}");
+                }
+                for append in flight.appends {
+                    let _ = append.done.send(Err(Error::Unavailable(reason.clone())));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,474 @@
+//! Engine behaviour on the embedded default backends (SQLite + local directory),
+//! including restarts: everything acknowledged must come back exactly as acknowledged.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use streamgate_core::config::{BasinConfig, StreamConfig};
+use streamgate_core::names::{BasinName, StreamName};
+use streamgate_core::read::{ReadLimits, ReadRequest, ReadStart};
+use streamgate_core::record::{AppendInput, AppendRecord, Header};
+use streamgate_core::storage::local_dir::LocalDirObjectStore;
+use streamgate_core::storage::sqlite::SqliteMetadataStore;
+use streamgate_core::{Engine, EngineSettings, Error};
+
+async fn open(dir: &Path) -> Engine {
+    let metadata = SqliteMetadataStore::open(&dir.join("metadata.db"))
+        .await
+        .unwrap();
+    let objects = LocalDirObjectStore::open(dir.join("objects")).unwrap();
+    let settings = EngineSettings {
+        reap_interval: Duration::from_millis(200),
+        ..Default::default()
+    };
+    Engine::open(Arc::new(metadata), Arc::new(objects), settings)
+        .await
+        .unwrap()
+}
+
+fn basin() -> BasinName {
+    BasinName::new("engine-test").unwrap()
+}
+
+fn stream(name: &str) -> StreamName {
+    StreamName::new(name).unwrap()
+}
+
+fn records(bodies: &[&str]) -> AppendInput {
+    AppendInput {
+        records: bodies
+            .iter()
+            .map(|b| AppendRecord {
+                timestamp: None,
+                headers: vec![],
+                body: Bytes::copy_from_slice(b.as_bytes()),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn command(op: &str, body: &[u8]) -> AppendInput {
+    AppendInput {
+        records: vec![AppendRecord {
+            timestamp: None,
+            headers: vec![Header {
+                name: Bytes::new(),
+                value: Bytes::copy_from_slice(op.as_bytes()),
+            }],
+            body: Bytes::copy_from_slice(body),
+        }],
+        ..Default::default()
+    }
+}
+
+fn from_seq(seq: u64) -> ReadRequest {
+    ReadRequest {
+        start: ReadStart::SeqNum(seq),
+        ..Default::default()
+    }
+}
+
+fn bodies(batch: &streamgate_core::read::ReadBatch) -> Vec<String> {
+    batch
+        .records
+        .iter()
+        .map(|r| String::from_utf8(r.body.to_vec()).unwrap())
+        .collect()
+}
+
+async fn setup(engine: &Engine, name: &str) -> StreamName {
+    match engine
+        .create_basin(basin(), BasinConfig::default(), None)
+        .await
+    {
+        Ok(_) | Err(Error::AlreadyExists(_)) => {}
+        Err(err) => panic!("{err}"),
+    }
+    engine
+        .create_stream(&basin(), stream(name), StreamConfig::default(), None)
+        .await
+        .unwrap();
+    stream(name)
+}
+
+#[tokio::test]
+async fn acknowledged_records_fences_and_trims_survive_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let s = setup(&engine, "orders").await;
+    let ack = engine
+        .append(&basin(), &s, records(&["a", "b"]), None)
+        .await
+        .unwrap();
+    assert_eq!((ack.start.seq_num, ack.end.seq_num), (0, 2));
+    let ack2 = engine
+        .append(&basin(), &s, records(&["c"]), None)
+        .await
+        .unwrap();
+    assert_eq!(ack2.start.seq_num, 2);
+    assert!(ack2.start.timestamp >= ack.end.timestamp);
+    engine
+        .append(&basin(), &s, command("fence", b"writer-1"), None)
+        .await
+        .unwrap();
+    engine
+        .append(&basin(), &s, command("trim", &1u64.to_be_bytes()), None)
+        .await
+        .unwrap();
+    let before = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
+    engine.shutdown().await;
+    drop(engine);
+
+    let engine = open(dir.path()).await;
+    let tail = engine.check_tail(&basin(), &s, None).await.unwrap();
+    assert_eq!(tail.seq_num, 5);
+    let after = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
+    assert_eq!(after, before, "reads after restart match reads before");
+    assert_eq!(after.records[0].seq_num, 1, "the trim point (1) survived");
+    assert_eq!(bodies(&after)[..2], ["b", "c"]);
+
+    // The fencing token survived too.
+    let mut fenced = records(&["d"]);
+    fenced.fencing_token = Some("someone-else".into());
+    match engine.append(&basin(), &s, fenced, None).await {
+        Err(Error::FencingTokenMismatch(token)) => assert_eq!(token, "writer-1"),
+        other => panic!("expected a fencing mismatch, got {other:?}"),
+    }
+    let mut fenced = records(&["d"]);
+    fenced.fencing_token = Some("writer-1".into());
+    let ack = engine.append(&basin(), &s, fenced, None).await.unwrap();
+    assert_eq!(ack.start.seq_num, 5);
+    assert!(
+        ack.start.timestamp >= tail.timestamp,
+        "timestamps stay monotonic across restarts"
+    );
+}
+
+#[tokio::test]
+async fn reads_follow_the_documented_416_table_and_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let s = setup(&engine, "reads").await;
+
+    // Empty stream: any immediate read is 416 with the tail.
+    for start in [
+        ReadStart::SeqNum(0),
+        ReadStart::TailOffset(0),
+        ReadStart::Timestamp(0),
+    ] {
+        let req = ReadRequest {
+            start,
+            ..Default::default()
+        };
+        assert!(matches!(
+            engine.read(&basin(), &s, req, None).await,
+            Err(Error::RangeNotSatisfiable { tail }) if tail.seq_num == 0
+        ));
+    }
+    for i in 0..5 {
+        engine
+            .append(&basin(), &s, records(&[&format!("r{i}")]), None)
+            .await
+            .unwrap();
+    }
+    let tail = engine.check_tail(&basin(), &s, None).await.unwrap();
+    assert_eq!(tail.seq_num, 5);
+
+    // Start at the tail with wait=0: 416; beyond the tail: 416 unless clamped.
+    assert!(engine.read(&basin(), &s, from_seq(5), None).await.is_err());
+    assert!(engine.read(&basin(), &s, from_seq(6), None).await.is_err());
+    let clamped = ReadRequest {
+        start: ReadStart::SeqNum(100),
+        clamp: true,
+        wait: Duration::from_millis(50),
+        ..Default::default()
+    };
+    let batch = engine.read(&basin(), &s, clamped, None).await.unwrap();
+    assert!(
+        batch.records.is_empty(),
+        "clamped to the tail and waited: empty batch"
+    );
+    let beyond_ts = ReadRequest {
+        start: ReadStart::Timestamp(tail.timestamp + 1),
+        ..Default::default()
+    };
+    assert!(matches!(
+        engine.read(&basin(), &s, beyond_ts, None).await,
+        Err(Error::RangeNotSatisfiable { .. })
+    ));
+
+    // tail_offset counts back from the tail; no selector means the tail.
+    let last_two = ReadRequest {
+        start: ReadStart::TailOffset(2),
+        ..Default::default()
+    };
+    assert_eq!(
+        bodies(&engine.read(&basin(), &s, last_two, None).await.unwrap()),
+        ["r3", "r4"]
+    );
+    let saturated = ReadRequest {
+        start: ReadStart::TailOffset(99),
+        ..Default::default()
+    };
+    let all = engine.read(&basin(), &s, saturated, None).await.unwrap();
+    assert_eq!(all.records.len(), 5);
+    assert_eq!(
+        all.tail,
+        Some(tail),
+        "a batch that reaches the tail carries it"
+    );
+
+    // Bounds: count, bytes (each record here is 8 + 2 = 10 metered bytes), until.
+    let count = ReadRequest {
+        start: ReadStart::SeqNum(1),
+        limits: ReadLimits {
+            count: Some(2),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let batch = engine.read(&basin(), &s, count, None).await.unwrap();
+    assert_eq!(bodies(&batch), ["r1", "r2"]);
+    assert_eq!(batch.tail, None);
+    let bytes = ReadRequest {
+        start: ReadStart::SeqNum(0),
+        limits: ReadLimits {
+            bytes: Some(25),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert_eq!(
+        engine
+            .read(&basin(), &s, bytes, None)
+            .await
+            .unwrap()
+            .records
+            .len(),
+        2
+    );
+    let zero = ReadRequest {
+        start: ReadStart::SeqNum(0),
+        limits: ReadLimits {
+            count: Some(0),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert!(engine
+        .read(&basin(), &s, zero, None)
+        .await
+        .unwrap()
+        .records
+        .is_empty());
+    let first = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
+    let until = ReadRequest {
+        start: ReadStart::SeqNum(0),
+        limits: ReadLimits {
+            until: Some(first.records[0].timestamp),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert!(engine
+        .read(&basin(), &s, until, None)
+        .await
+        .unwrap()
+        .records
+        .is_empty());
+
+    // A timestamp start finds the first record at or after it.
+    let by_ts = ReadRequest {
+        start: ReadStart::Timestamp(first.records[3].timestamp),
+        ..Default::default()
+    };
+    let batch = engine.read(&basin(), &s, by_ts, None).await.unwrap();
+    assert!(batch.records[0].timestamp >= first.records[3].timestamp);
+    assert!(batch.records[0].seq_num <= 3);
+}
+
+#[tokio::test]
+async fn a_waiting_read_wakes_on_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let s = setup(&engine, "live").await;
+    let reader = {
+        let engine = engine.clone();
+        let s = s.clone();
+        tokio::spawn(async move {
+            let req = ReadRequest {
+                start: ReadStart::TailOffset(0),
+                wait: Duration::from_secs(10),
+                ..Default::default()
+            };
+            engine.read(&basin(), &s, req, None).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    engine
+        .append(&basin(), &s, records(&["hello"]), None)
+        .await
+        .unwrap();
+    let batch = tokio::time::timeout(Duration::from_secs(5), reader)
+        .await
+        .expect("the waiting read returned promptly")
+        .unwrap()
+        .unwrap();
+    assert_eq!(bodies(&batch), ["hello"]);
+}
+
+#[tokio::test]
+async fn conditions_fail_with_the_current_state_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let s = setup(&engine, "cas").await;
+    engine
+        .append(&basin(), &s, records(&["a"]), None)
+        .await
+        .unwrap();
+    let mut stale = records(&["b"]);
+    stale.match_seq_num = Some(0);
+    assert!(matches!(
+        engine.append(&basin(), &s, stale, None).await,
+        Err(Error::SeqNumMismatch(1))
+    ));
+    let mut invalid = records(&["x"]);
+    invalid.records[0].headers.push(Header {
+        name: Bytes::new(),
+        value: Bytes::from_static(b"boom"),
+    });
+    assert_eq!(
+        engine
+            .append(&basin(), &s, invalid, None)
+            .await
+            .unwrap_err()
+            .code(),
+        "invalid"
+    );
+    assert_eq!(
+        engine.check_tail(&basin(), &s, None).await.unwrap().seq_num,
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_recreated_stream_never_sees_old_records_and_names_wait_for_deletion() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let s = setup(&engine, "phoenix").await;
+    engine
+        .append(&basin(), &s, records(&["old"]), None)
+        .await
+        .unwrap();
+    engine.delete_stream(&basin(), &s).await.unwrap();
+    assert!(matches!(
+        engine.append(&basin(), &s, records(&["x"]), None).await,
+        Err(Error::StreamDeletionPending(_))
+    ));
+    assert!(matches!(
+        engine
+            .create_stream(&basin(), s.clone(), StreamConfig::default(), None)
+            .await,
+        Err(Error::StreamDeletionPending(_))
+    ));
+    // The reaper finishes the deletion; then the name is free again.
+    let mut recreated = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if engine
+            .create_stream(&basin(), s.clone(), StreamConfig::default(), None)
+            .await
+            .is_ok()
+        {
+            recreated = true;
+            break;
+        }
+    }
+    assert!(recreated, "deletion completed and the name was reusable");
+    assert_eq!(
+        engine.check_tail(&basin(), &s, None).await.unwrap().seq_num,
+        0
+    );
+    engine
+        .append(&basin(), &s, records(&["new"]), None)
+        .await
+        .unwrap();
+    engine.shutdown().await;
+    drop(engine);
+    let engine = open(dir.path()).await;
+    let batch = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
+    assert_eq!(bodies(&batch), ["new"]);
+}
+
+#[tokio::test]
+async fn chunks_after_a_gap_are_ignored_by_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let s = setup(&engine, "gap").await;
+    for body in ["a", "b", "c"] {
+        engine
+            .append(&basin(), &s, records(&[body]), None)
+            .await
+            .unwrap();
+    }
+    let epoch = engine.epoch();
+    engine.shutdown().await;
+    drop(engine);
+    // Simulate a crash in which chunk 1 never became durable but chunk 2 did: the
+    // writer never acknowledged chunk 2's batch, so recovery must not resurrect it.
+    let objects = dir.path().join("objects");
+    std::fs::remove_file(objects.join(streamgate_core::wal::chunk_key(epoch, 1))).unwrap();
+    let engine = open(dir.path()).await;
+    let batch = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
+    assert_eq!(bodies(&batch), ["a"]);
+    let ack = engine
+        .append(&basin(), &s, records(&["d"]), None)
+        .await
+        .unwrap();
+    assert_eq!(ack.start.seq_num, 1, "sequence numbers stay dense");
+}
+
+#[tokio::test]
+async fn auto_creation_follows_the_basin_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let config = BasinConfig {
+        create_stream_on_append: true,
+        ..Default::default()
+    };
+    engine.create_basin(basin(), config, None).await.unwrap();
+    assert!(matches!(
+        engine.check_tail(&basin(), &stream("nope"), None).await,
+        Err(Error::StreamNotFound(_))
+    ));
+    let override_config: StreamConfig =
+        serde_json::from_str(r#"{"retention_policy":{"age":3600}}"#).unwrap();
+    engine
+        .append(
+            &basin(),
+            &stream("auto"),
+            records(&["x"]),
+            Some(&override_config),
+        )
+        .await
+        .unwrap();
+    let config = engine
+        .stream_config(&basin(), &stream("auto"))
+        .await
+        .unwrap();
+    assert_eq!(config.retention_policy, override_config.retention_policy);
+    assert!(matches!(
+        engine
+            .append(
+                &BasinName::new("missing-basin").unwrap(),
+                &stream("a"),
+                records(&["x"]),
+                None
+            )
+            .await,
+        Err(Error::BasinNotFound(_))
+    ));
+}
