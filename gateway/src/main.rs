@@ -1,1 +1,124 @@
-fn main() {}
+//! The `streamgate` binary: configuration, start-up, serving and draining.
+
+mod api;
+mod cli;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use streamgate_core::storage::local_dir::LocalDirObjectStore;
+use streamgate_core::storage::sqlite::SqliteMetadataStore;
+use streamgate_core::{Engine, EngineSettings, FlushSettings};
+use tracing_subscriber::EnvFilter;
+
+use cli::{parse_store_url, Args, StoreLocation};
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_new(&args.log).unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(err) = run(args).await {
+        eprintln!("streamgate: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data_dir).with_context(|| {
+        format!(
+            "cannot create the data directory {}; choose another with --data-dir",
+            args.data_dir.display()
+        )
+    })?;
+    let StoreLocation::Path(metadata_path) = match &args.metadata {
+        Some(url) => parse_store_url("metadata", url, "sqlite")?,
+        None => StoreLocation::Path(args.data_dir.join("metadata.db")),
+    };
+    let StoreLocation::Path(objects_path) = match &args.objects {
+        Some(url) => parse_store_url("objects", url, "file")?,
+        None => StoreLocation::Path(args.data_dir.join("objects")),
+    };
+    let metadata = SqliteMetadataStore::open(&metadata_path)
+        .await
+        .with_context(|| format!("opening the metadata store {}", metadata_path.display()))?;
+    let objects = LocalDirObjectStore::open(&objects_path)
+        .with_context(|| format!("opening the record store {}", objects_path.display()))?;
+    let settings = EngineSettings {
+        flush: FlushSettings {
+            linger: Duration::from_millis(args.flush_linger_ms),
+            max_chunk_bytes: args.flush_max_bytes.max(1),
+            max_in_flight: args.flush_in_flight.max(1),
+            ..FlushSettings::default()
+        },
+        cache_bytes: args.cache_mib * 1024 * 1024,
+        reap_interval: Duration::from_secs(args.reap_interval_secs.max(1)),
+        ..EngineSettings::default()
+    };
+    let engine = Engine::open(Arc::new(metadata), Arc::new(objects), settings)
+        .await
+        .context("recovering streams")?;
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}; pick another with --listen", args.listen))?;
+    let addr = listener.local_addr()?;
+    print_banner(&args, addr, &metadata_path, &engine);
+
+    let app = api::router(engine.clone());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("serving HTTP")?;
+    tracing::info!("draining: waiting for accepted appends to become durable");
+    engine.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn print_banner(args: &Args, addr: std::net::SocketAddr, metadata: &std::path::Path, engine: &Engine) {
+    let flush = engine.settings().flush;
+    let endpoint = format!("http://{addr}");
+    println!("streamgate {} listening on {endpoint}", env!("CARGO_PKG_VERSION"));
+    println!("  S2 REST API:   {endpoint}/v1   (HTTP/1.1 and cleartext HTTP/2)");
+    println!("  data dir:      {}", args.data_dir.display());
+    println!("  metadata:      SQLite {}", metadata.display());
+    println!("  records:       {}", engine.describe_storage());
+    println!(
+        "  WAL flush:     linger {} ms, chunks up to {} KiB, {} in flight; acks after fsync",
+        flush.linger.as_millis(),
+        flush.max_chunk_bytes / 1024,
+        flush.max_in_flight
+    );
+    println!("Point the s2 CLI and SDKs at it:");
+    println!("  export S2_ACCOUNT_ENDPOINT={endpoint}");
+    println!("  export S2_BASIN_ENDPOINT={endpoint}");
+    println!("  export S2_ACCESS_TOKEN=unused   # any value; access tokens are not enforced yet");
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+    tracing::info!("shutdown requested: no new connections; finishing requests in flight");
+}

@@ -1,0 +1,100 @@
+//! Errors as the REST API reports them: a status and a JSON body, which is the standard
+//! `{code, message}` except for the structured 412 and 416 bodies.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use streamgate_core::Error;
+
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    body: Value,
+}
+
+impl ApiError {
+    fn standard(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Self {
+        Self {
+            status,
+            body: json!({ "code": code, "message": message.to_string() }),
+        }
+    }
+
+    pub fn bad_header(message: impl std::fmt::Display) -> Self {
+        Self::standard(StatusCode::BAD_REQUEST, "bad_header", message)
+    }
+
+    pub fn bad_path(message: impl std::fmt::Display) -> Self {
+        Self::standard(StatusCode::BAD_REQUEST, "bad_path", message)
+    }
+
+    pub fn bad_query(message: impl std::fmt::Display) -> Self {
+        Self::standard(StatusCode::BAD_REQUEST, "bad_query", message)
+    }
+
+    pub fn bad_json(message: impl std::fmt::Display) -> Self {
+        Self::standard(StatusCode::BAD_REQUEST, "bad_json", message)
+    }
+
+    pub fn bad_proto(message: impl std::fmt::Display) -> Self {
+        Self::standard(StatusCode::BAD_REQUEST, "bad_proto", message)
+    }
+
+    pub fn invalid(message: impl std::fmt::Display) -> Self {
+        Self::standard(StatusCode::UNPROCESSABLE_ENTITY, "invalid", message)
+    }
+
+    pub fn not_implemented(what: &str) -> Self {
+        Self::standard(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_implemented",
+            format!("{what} is not implemented by this streamgate version yet"),
+        )
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(err: Error) -> Self {
+        let status = match &err {
+            Error::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Error::BasinNotFound(_) | Error::StreamNotFound(_) => StatusCode::NOT_FOUND,
+            Error::AlreadyExists(_)
+            | Error::BasinDeletionPending(_)
+            | Error::StreamDeletionPending(_) => StatusCode::CONFLICT,
+            Error::SeqNumMismatch(next) => {
+                return Self {
+                    status: StatusCode::PRECONDITION_FAILED,
+                    body: json!({ "seq_num_mismatch": next }),
+                }
+            }
+            Error::FencingTokenMismatch(token) => {
+                return Self {
+                    status: StatusCode::PRECONDITION_FAILED,
+                    body: json!({ "fencing_token_mismatch": token }),
+                }
+            }
+            Error::RangeNotSatisfiable { tail } => {
+                return Self {
+                    status: StatusCode::RANGE_NOT_SATISFIABLE,
+                    body: json!({ "tail": { "seq_num": tail.seq_num, "timestamp": tail.timestamp } }),
+                }
+            }
+            Error::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::Unavailable(_) | Error::ServerDraining => StatusCode::SERVICE_UNAVAILABLE,
+            Error::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+        };
+        if status.is_server_error() {
+            tracing::warn!(code = err.code(), error = %err, "request failed");
+        }
+        Self::standard(status, err.code(), &err)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,156 @@
+//! The S2 REST API v1, over HTTP/1.1 and cleartext HTTP/2.
+
+mod basins;
+mod error;
+mod extract;
+mod json;
+mod proto;
+mod records;
+mod streams;
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use streamgate_core::storage::metadata::ListRange;
+use streamgate_core::Engine;
+use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
+use tower_http::compression::CompressionLayer;
+use tower_http::decompression::RequestDecompressionLayer;
+
+use error::{ApiError, ApiResult};
+
+pub fn router(engine: Engine) -> Router {
+    // Compress responses over 1 KiB, never streaming ones.
+    let compress_when = SizeAbove::new(1024)
+        .and(NotForContentType::const_new("text/event-stream"))
+        .and(NotForContentType::const_new("s2s/proto"));
+    let v1 = Router::new()
+        .route("/basins", get(basins::list).post(basins::create))
+        .route(
+            "/basins/{basin}",
+            get(basins::get_config)
+                .put(basins::ensure)
+                .patch(basins::reconfigure)
+                .delete(basins::delete),
+        )
+        .route("/streams", get(streams::list).post(streams::create))
+        .route(
+            "/streams/{stream}",
+            get(streams::get_config)
+                .put(streams::ensure)
+                .patch(streams::reconfigure)
+                .delete(streams::delete),
+        )
+        .route(
+            "/streams/{stream}/records",
+            get(records::read).post(records::append),
+        )
+        .route("/streams/{stream}/records/tail", get(records::check_tail))
+        .route("/locations", get(locations))
+        .route("/locations/default", put(set_default_location).get(default_location))
+        .route("/access-tokens", get(not_implemented_tokens).post(not_implemented_tokens))
+        .route("/access-tokens/{id}", axum::routing::delete(not_implemented_tokens))
+        .route("/metrics", get(not_implemented_metrics))
+        .route("/metrics/{*rest}", get(not_implemented_metrics))
+        .fallback(unknown_endpoint)
+        .with_state(engine);
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .nest("/v1", v1)
+        .fallback(unknown_endpoint)
+        .layer(CompressionLayer::new().compress_when(compress_when))
+        .layer(RequestDecompressionLayer::new())
+}
+
+async fn unknown_endpoint() -> ApiError {
+    ApiError::bad_path("no such endpoint; the S2 REST API lives under /v1")
+}
+
+async fn not_implemented_tokens() -> ApiError {
+    ApiError::not_implemented("access token management")
+}
+
+async fn not_implemented_metrics() -> ApiError {
+    ApiError::not_implemented("the metrics API")
+}
+
+fn location_info(engine: &Engine) -> serde_json::Value {
+    let settings = engine.settings();
+    serde_json::json!({
+        "name": settings.location,
+        "is_private": true,
+        "storage_classes": ["standard", "express"],
+        "default_storage_class": settings.default_storage_class,
+    })
+}
+
+async fn locations(axum::extract::State(engine): axum::extract::State<Engine>) -> Response {
+    Json(serde_json::json!([location_info(&engine)])).into_response()
+}
+
+async fn default_location(axum::extract::State(engine): axum::extract::State<Engine>) -> Response {
+    Json(location_info(&engine)).into_response()
+}
+
+async fn set_default_location(
+    axum::extract::State(engine): axum::extract::State<Engine>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> ApiResult<Response> {
+    let requested: String = extract::json_body(&headers, &body)?
+        .ok_or_else(|| ApiError::bad_json("expected the location name as a JSON string"))?;
+    if requested != engine.settings().location {
+        return Err(ApiError::invalid(format!(
+            "unknown location `{requested}`; this server offers `{}`",
+            engine.settings().location
+        )));
+    }
+    Ok(Json(location_info(&engine)).into_response())
+}
+
+/// `prefix`, `start_after` and `limit` of the list endpoints. A `limit` of 0 or over
+/// 1000 means 1000, as documented.
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    #[serde(default)]
+    prefix: String,
+    #[serde(default)]
+    start_after: String,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+impl ListQuery {
+    fn range(self, max_name_len: usize) -> ApiResult<ListRange> {
+        for (what, value) in [("prefix", &self.prefix), ("start_after", &self.start_after)] {
+            streamgate_core::names::check_list_bound(what, value, max_name_len)
+                .map_err(ApiError::bad_query)?;
+        }
+        let limit = match self.limit {
+            None | Some(0) => 1000,
+            Some(n) => n.min(1000),
+        };
+        Ok(ListRange {
+            prefix: self.prefix,
+            start_after: self.start_after,
+            limit,
+        })
+    }
+}
+
+/// The `s2-provision-result` header of the ensure (PUT) calls, and their status.
+fn provisioned(result: streamgate_core::Provisioned, body: impl serde::Serialize) -> Response {
+    use streamgate_core::Provisioned;
+    let (status, word) = match result {
+        Provisioned::Created => (StatusCode::CREATED, "created"),
+        Provisioned::Updated => (StatusCode::OK, "updated"),
+        Provisioned::Unchanged => (StatusCode::OK, "noop"),
+    };
+    let mut response = (status, Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert("s2-provision-result", HeaderValue::from_static(word));
+    response
+}

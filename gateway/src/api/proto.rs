@@ -1,0 +1,147 @@
+//! The v1 protobuf messages (package `s2.v1`), written from the public spec's field
+//! numbers, and their conversions to and from the engine's types.
+
+use bytes::Bytes;
+use streamgate_core::read::ReadBatch as CoreReadBatch;
+use streamgate_core::record::{self, AppendAck as CoreAppendAck};
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StreamPosition {
+    #[prost(uint64, tag = "1")]
+    pub seq_num: u64,
+    #[prost(uint64, tag = "2")]
+    pub timestamp: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Header {
+    #[prost(bytes = "bytes", tag = "1")]
+    pub name: Bytes,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub value: Bytes,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AppendRecord {
+    #[prost(uint64, optional, tag = "1")]
+    pub timestamp: Option<u64>,
+    #[prost(message, repeated, tag = "2")]
+    pub headers: Vec<Header>,
+    #[prost(bytes = "bytes", tag = "3")]
+    pub body: Bytes,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AppendInput {
+    #[prost(message, repeated, tag = "1")]
+    pub records: Vec<AppendRecord>,
+    #[prost(uint64, optional, tag = "2")]
+    pub match_seq_num: Option<u64>,
+    #[prost(string, optional, tag = "3")]
+    pub fencing_token: Option<String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AppendAck {
+    #[prost(message, optional, tag = "1")]
+    pub start: Option<StreamPosition>,
+    #[prost(message, optional, tag = "2")]
+    pub end: Option<StreamPosition>,
+    #[prost(message, optional, tag = "3")]
+    pub tail: Option<StreamPosition>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SequencedRecord {
+    #[prost(uint64, tag = "1")]
+    pub seq_num: u64,
+    #[prost(uint64, tag = "2")]
+    pub timestamp: u64,
+    #[prost(message, repeated, tag = "3")]
+    pub headers: Vec<Header>,
+    #[prost(bytes = "bytes", tag = "4")]
+    pub body: Bytes,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ReadBatch {
+    #[prost(message, repeated, tag = "1")]
+    pub records: Vec<SequencedRecord>,
+    #[prost(message, optional, tag = "2")]
+    pub tail: Option<StreamPosition>,
+}
+
+impl From<record::StreamPosition> for StreamPosition {
+    fn from(p: record::StreamPosition) -> Self {
+        Self {
+            seq_num: p.seq_num,
+            timestamp: p.timestamp,
+        }
+    }
+}
+
+fn core_headers(headers: Vec<Header>) -> Vec<record::Header> {
+    headers
+        .into_iter()
+        .map(|h| record::Header {
+            name: h.name,
+            value: h.value,
+        })
+        .collect()
+}
+
+fn wire_headers(headers: Vec<record::Header>) -> Vec<Header> {
+    headers
+        .into_iter()
+        .map(|h| Header {
+            name: h.name,
+            value: h.value,
+        })
+        .collect()
+}
+
+impl From<AppendInput> for record::AppendInput {
+    fn from(input: AppendInput) -> Self {
+        Self {
+            records: input
+                .records
+                .into_iter()
+                .map(|r| record::AppendRecord {
+                    timestamp: r.timestamp,
+                    headers: core_headers(r.headers),
+                    body: r.body,
+                })
+                .collect(),
+            match_seq_num: input.match_seq_num,
+            fencing_token: input.fencing_token,
+        }
+    }
+}
+
+impl From<CoreAppendAck> for AppendAck {
+    fn from(ack: CoreAppendAck) -> Self {
+        Self {
+            start: Some(ack.start.into()),
+            end: Some(ack.end.into()),
+            tail: Some(ack.tail.into()),
+        }
+    }
+}
+
+impl From<CoreReadBatch> for ReadBatch {
+    fn from(batch: CoreReadBatch) -> Self {
+        Self {
+            records: batch
+                .records
+                .into_iter()
+                .map(|r| SequencedRecord {
+                    seq_num: r.seq_num,
+                    timestamp: r.timestamp,
+                    headers: wire_headers(r.headers),
+                    body: r.body,
+                })
+                .collect(),
+            tail: batch.tail.map(Into::into),
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! `/v1/streams`: create, ensure, get config, reconfigure, list, delete.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use streamgate_core::config::{StreamConfig, StreamReconfiguration};
+use streamgate_core::names::StreamName;
+use streamgate_core::Engine;
+
+use super::error::{ApiError, ApiResult};
+use super::extract::{json_body, request_token, ApiQuery, Basin, StreamPath};
+use super::json::StreamInfo;
+use super::{provisioned, ListQuery};
+
+#[derive(Deserialize)]
+struct CreateStreamRequest {
+    stream: String,
+    #[serde(default)]
+    config: Option<StreamConfig>,
+}
+
+pub async fn create(
+    State(engine): State<Engine>,
+    Basin(basin): Basin,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let request: CreateStreamRequest =
+        json_body(&headers, &body)?.ok_or_else(|| ApiError::bad_json("a request body is required"))?;
+    let token = request_token(&headers)?;
+    let name = StreamName::new(request.stream).map_err(ApiError::bad_json)?;
+    let stream = engine
+        .create_stream(
+            &basin,
+            name,
+            request.config.unwrap_or_default(),
+            token.as_deref(),
+        )
+        .await?;
+    Ok((StatusCode::CREATED, Json(StreamInfo::from(&stream))).into_response())
+}
+
+pub async fn ensure(
+    State(engine): State<Engine>,
+    Basin(basin): Basin,
+    StreamPath(name): StreamPath,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let config: StreamConfig = json_body(&headers, &body)?.unwrap_or_default();
+    let (stream, result) = engine.ensure_stream(&basin, name, config).await?;
+    Ok(provisioned(result, StreamInfo::from(&stream)))
+}
+
+pub async fn get_config(
+    State(engine): State<Engine>,
+    Basin(basin): Basin,
+    StreamPath(name): StreamPath,
+) -> ApiResult<Json<StreamConfig>> {
+    Ok(Json(engine.stream_config(&basin, &name).await?))
+}
+
+pub async fn reconfigure(
+    State(engine): State<Engine>,
+    Basin(basin): Basin,
+    StreamPath(name): StreamPath,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Json<StreamConfig>> {
+    let change: StreamReconfiguration = json_body(&headers, &body)?.unwrap_or_default();
+    Ok(Json(engine.reconfigure_stream(&basin, &name, &change).await?))
+}
+
+pub async fn list(
+    State(engine): State<Engine>,
+    Basin(basin): Basin,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let page = engine
+        .list_streams(&basin, &query.range(StreamName::MAX_LEN)?)
+        .await?;
+    let streams: Vec<StreamInfo> = page.items.iter().map(StreamInfo::from).collect();
+    Ok(Json(
+        serde_json::json!({ "streams": streams, "has_more": page.has_more }),
+    ))
+}
+
+pub async fn delete(
+    State(engine): State<Engine>,
+    Basin(basin): Basin,
+    StreamPath(name): StreamPath,
+) -> ApiResult<StatusCode> {
+    engine.delete_stream(&basin, &name).await?;
+    Ok(StatusCode::ACCEPTED)
+}

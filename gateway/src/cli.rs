@@ -1,0 +1,77 @@
+//! Command-line flags; each one can also be set by `STREAMGATE_<FLAG>` in the environment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// streamgate: a self-hosted, durable stream store that speaks the S2 API.
+///
+/// With no flags it serves on 127.0.0.1:8080 and keeps everything in ./streamgate-data
+/// (metadata in SQLite, records in a local directory). Every acknowledged append has been
+/// fsync'd to disk first.
+#[derive(Debug, Parser)]
+#[command(name = "streamgate", version, about, long_about)]
+pub struct Args {
+    /// Address for the HTTP API (S2 REST v1). Port 0 picks a free port.
+    #[arg(long, env = "STREAMGATE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Directory for the embedded default storage (and anything else kept on disk).
+    #[arg(long, env = "STREAMGATE_DATA_DIR", default_value = "./streamgate-data")]
+    pub data_dir: PathBuf,
+
+    /// Metadata store: `sqlite://PATH` (or a plain path). Default: `metadata.db` in the
+    /// data directory.
+    #[arg(long, env = "STREAMGATE_METADATA")]
+    pub metadata: Option<String>,
+
+    /// Record store: `file://PATH` (or a plain path) for a local directory. Default:
+    /// `objects/` in the data directory.
+    #[arg(long, env = "STREAMGATE_OBJECTS")]
+    pub objects: Option<String>,
+
+    /// How long (ms) an append may wait for others to share its WAL flush. 0 flushes as
+    /// soon as a flush slot is free: lowest latency on local disks.
+    #[arg(long, env = "STREAMGATE_FLUSH_LINGER_MS", default_value_t = 0)]
+    pub flush_linger_ms: u64,
+
+    /// A WAL chunk is cut once it holds this many bytes.
+    #[arg(long, env = "STREAMGATE_FLUSH_MAX_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub flush_max_bytes: usize,
+
+    /// WAL chunks written concurrently (acknowledged strictly in order).
+    #[arg(long, env = "STREAMGATE_FLUSH_IN_FLIGHT", default_value_t = 4)]
+    pub flush_in_flight: usize,
+
+    /// Memory for recently written records, which serves recent and tailing reads (MiB).
+    #[arg(long, env = "STREAMGATE_CACHE_MIB", default_value_t = 256)]
+    pub cache_mib: usize,
+
+    /// How often deleted basins and streams are finished off (seconds); until then their
+    /// names cannot be reused.
+    #[arg(long, env = "STREAMGATE_REAP_INTERVAL_SECS", default_value_t = 5)]
+    pub reap_interval_secs: u64,
+
+    /// Log filter, in `tracing` / RUST_LOG syntax (e.g. `info`, `streamgate=debug`).
+    #[arg(long, env = "STREAMGATE_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// Where a store URL points, for the backends this build offers.
+pub enum StoreLocation {
+    Path(PathBuf),
+}
+
+/// Parses `--metadata` / `--objects`: a path or a URL with the given local scheme.
+pub fn parse_store_url(flag: &str, value: &str, local_scheme: &str) -> anyhow::Result<StoreLocation> {
+    if let Some(path) = value.strip_prefix(&format!("{local_scheme}://")) {
+        return Ok(StoreLocation::Path(PathBuf::from(path)));
+    }
+    if let Some((scheme, _)) = value.split_once("://") {
+        anyhow::bail!(
+            "--{flag}: `{scheme}://` is not supported by this build; use `{local_scheme}://PATH` or a plain path"
+        );
+    }
+    Ok(StoreLocation::Path(PathBuf::from(value)))
+}
