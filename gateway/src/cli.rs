@@ -64,7 +64,11 @@ pub enum StoreLocation {
 }
 
 /// Parses `--metadata` / `--objects`: a path or a URL with the given local scheme.
-pub fn parse_store_url(flag: &str, value: &str, local_scheme: &str) -> anyhow::Result<StoreLocation> {
+pub fn parse_store_url(
+    flag: &str,
+    value: &str,
+    local_scheme: &str,
+) -> anyhow::Result<StoreLocation> {
     if let Some(path) = value.strip_prefix(&format!("{local_scheme}://")) {
         return Ok(StoreLocation::Path(PathBuf::from(path)));
     }

@@ -65,7 +65,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .with_context(|| format!("cannot listen on {}; pick another with --listen", args.listen))?;
+        .with_context(|| {
+            format!(
+                "cannot listen on {}; pick another with --listen",
+                args.listen
+            )
+        })?;
     let addr = listener.local_addr()?;
     print_banner(&args, addr, &metadata_path, &engine);
 
@@ -80,10 +85,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_banner(args: &Args, addr: std::net::SocketAddr, metadata: &std::path::Path, engine: &Engine) {
+fn print_banner(
+    args: &Args,
+    addr: std::net::SocketAddr,
+    metadata: &std::path::Path,
+    engine: &Engine,
+) {
     let flush = engine.settings().flush;
     let endpoint = format!("http://{addr}");
-    println!("streamgate {} listening on {endpoint}", env!("CARGO_PKG_VERSION"));
+    println!(
+        "streamgate {} listening on {endpoint}",
+        env!("CARGO_PKG_VERSION")
+    );
     println!("  S2 REST API:   {endpoint}/v1   (HTTP/1.1 and cleartext HTTP/2)");
     println!("  data dir:      {}", args.data_dir.display());
     println!("  metadata:      SQLite {}", metadata.display());

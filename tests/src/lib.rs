@@ -1,1 +1,160 @@
+//! Test support: start the real `streamgate` binary on a free port with its own data
+//! directory, stop it gently (SIGTERM) or brutally (SIGKILL), and restart it on the same
+//! data. Used by the black-box tests here and by the compatibility suites.
 
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The `streamgate` binary, built once per test process so tests never run a stale one.
+pub fn binary() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Ok(path) = std::env::var("STREAMGATE_BIN") {
+                return PathBuf::from(path);
+            }
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap()
+                .to_path_buf();
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let release = !cfg!(debug_assertions);
+            let mut build = Command::new(cargo);
+            build.current_dir(&root).args([
+                "build",
+                "--quiet",
+                "-p",
+                "streamgate",
+                "--bin",
+                "streamgate",
+            ]);
+            if release {
+                build.arg("--release");
+            }
+            let status = build
+                .status()
+                .expect("running cargo build for the streamgate binary");
+            assert!(status.success(), "building the streamgate binary failed");
+            let target = std::env::var("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| root.join("target"));
+            target
+                .join(if release { "release" } else { "debug" })
+                .join("streamgate")
+        })
+        .clone()
+}
+
+/// A running streamgate process.
+pub struct Server {
+    child: Option<Child>,
+    data_dir: PathBuf,
+    extra_args: Vec<String>,
+    /// `http://127.0.0.1:PORT`
+    pub endpoint: String,
+    port: u16,
+}
+
+impl Server {
+    /// Starts a server on a free port over `data_dir`.
+    pub fn start(data_dir: &Path) -> Server {
+        Self::start_with(data_dir, &[])
+    }
+
+    /// Starts a server with extra command-line flags.
+    pub fn start_with(data_dir: &Path, extra_args: &[&str]) -> Server {
+        let mut server = Server {
+            child: None,
+            data_dir: data_dir.to_path_buf(),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            endpoint: String::new(),
+            port: 0,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let listen = format!("127.0.0.1:{}", self.port);
+        let mut child = Command::new(binary())
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--listen")
+            .arg(&listen)
+            .arg("--reap-interval-secs")
+            .arg("1")
+            .args(&self.extra_args)
+            .env(
+                "STREAMGATE_LOG",
+                std::env::var("STREAMGATE_TEST_LOG").unwrap_or("warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting streamgate");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Some(Ok(line)) = lines.next() {
+                if let Some(rest) = line.split(" listening on ").nth(1) {
+                    let _ = tx.send(rest.trim().to_owned());
+                }
+            }
+        });
+        let endpoint = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("streamgate did not report its address within 60 s");
+        self.port = endpoint.rsplit(':').next().unwrap().parse().unwrap();
+        self.endpoint = endpoint;
+        self.child = Some(child);
+    }
+
+    /// SIGKILL: the process gets no chance to flush or clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits for the process to drain and exit; returns its exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("streamgate did not exit within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts the server again on the same data directory and port.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

@@ -34,12 +34,12 @@ struct EnsureBasinRequest {
 
 fn check_location(engine: &Engine, location: &Option<String>) -> ApiResult<()> {
     match location {
-        Some(location) if *location != engine.settings().location => Err(ApiError::invalid(
-            format!(
+        Some(location) if *location != engine.settings().location => {
+            Err(ApiError::invalid(format!(
                 "unknown location `{location}`; this server offers `{}`",
                 engine.settings().location
-            ),
-        )),
+            )))
+        }
         _ => Ok(()),
     }
 }
@@ -49,8 +49,8 @@ pub async fn create(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let request: CreateBasinRequest =
-        json_body(&headers, &body)?.ok_or_else(|| ApiError::bad_json("a request body is required"))?;
+    let request: CreateBasinRequest = json_body(&headers, &body)?
+        .ok_or_else(|| ApiError::bad_json("a request body is required"))?;
     let token = request_token(&headers)?;
     let name = BasinName::new(request.basin).map_err(ApiError::bad_json)?;
     check_location(&engine, &request.location)?;
@@ -95,7 +95,9 @@ pub async fn list(
     State(engine): State<Engine>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let page = engine.list_basins(&query.range(BasinName::MAX_LEN)?).await?;
+    let page = engine
+        .list_basins(&query.range(BasinName::MAX_LEN)?)
+        .await?;
     let basins: Vec<BasinInfo> = page.items.iter().map(BasinInfo::from).collect();
     Ok(Json(
         serde_json::json!({ "basins": basins, "has_more": page.has_more }),

@@ -52,7 +52,9 @@ impl<S: Send + Sync> FromRequestParts<S> for BasinPath {
         let Path(name) = Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(ApiError::bad_path)?;
-        BasinName::new(name).map(BasinPath).map_err(ApiError::bad_path)
+        BasinName::new(name)
+            .map(BasinPath)
+            .map_err(ApiError::bad_path)
     }
 }
 
@@ -66,7 +68,9 @@ impl<S: Send + Sync> FromRequestParts<S> for StreamPath {
         let Path(name) = Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(ApiError::bad_path)?;
-        StreamName::new(name).map(StreamPath).map_err(ApiError::bad_path)
+        StreamName::new(name)
+            .map(StreamPath)
+            .map_err(ApiError::bad_path)
     }
 }
 
@@ -109,7 +113,9 @@ pub fn stream_config_header(headers: &HeaderMap) -> Result<Option<StreamConfig>,
         .to_str()
         .ok()
         .and_then(|text| serde_json::from_str(text).ok())
-        .ok_or_else(|| ApiError::bad_header("`s2-stream-config` is not a valid JSON StreamConfig"))?;
+        .ok_or_else(|| {
+            ApiError::bad_header("`s2-stream-config` is not a valid JSON StreamConfig")
+        })?;
     config
         .validate()
         .map_err(|e| ApiError::bad_header(format!("`s2-stream-config`: {e}")))?;
@@ -133,8 +139,8 @@ pub fn json_body<T: DeserializeOwned>(
             ));
         }
     }
-    let value: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_json(format!("invalid JSON: {e}")))?;
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_json(format!("invalid JSON: {e}")))?;
     if value.is_null() {
         return Ok(None);
     }
@@ -150,7 +156,9 @@ fn reject_encryption(value: &serde_json::Value) -> Result<(), ApiError> {
     let asks = |v: Option<&serde_json::Value>| v.is_some_and(|v| !v.is_null());
     let config = value.get("config").unwrap_or(value);
     if asks(value.get("stream_cipher")) || asks(config.get("stream_cipher")) {
-        return Err(ApiError::not_implemented("stream encryption (`stream_cipher`)"));
+        return Err(ApiError::not_implemented(
+            "stream encryption (`stream_cipher`)",
+        ));
     }
     Ok(())
 }

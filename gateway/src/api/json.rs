@@ -157,7 +157,11 @@ impl From<&BasinRecord> for BasinInfo {
             location: b.location.clone(),
             created_at: rfc3339(b.created_at),
             deleted_at: b.deleted_at.map(rfc3339),
-            state: if b.deleted_at.is_some() { "deleting" } else { "active" },
+            state: if b.deleted_at.is_some() {
+                "deleting"
+            } else {
+                "active"
+            },
         }
     }
 }
@@ -192,7 +196,10 @@ mod tests {
         )
         .unwrap();
         let core = input.into_core(Format::Base64).unwrap();
-        assert_eq!(core.records[0].headers[0].value, Bytes::from_static(b"trim"));
+        assert_eq!(
+            core.records[0].headers[0].value,
+            Bytes::from_static(b"trim")
+        );
         assert_eq!(core.records[0].body.as_ref(), &100u64.to_be_bytes());
 
         let bad: AppendInputJson =

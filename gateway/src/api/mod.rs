@@ -49,9 +49,18 @@ pub fn router(engine: Engine) -> Router {
         )
         .route("/streams/{stream}/records/tail", get(records::check_tail))
         .route("/locations", get(locations))
-        .route("/locations/default", put(set_default_location).get(default_location))
-        .route("/access-tokens", get(not_implemented_tokens).post(not_implemented_tokens))
-        .route("/access-tokens/{id}", axum::routing::delete(not_implemented_tokens))
+        .route(
+            "/locations/default",
+            put(set_default_location).get(default_location),
+        )
+        .route(
+            "/access-tokens",
+            get(not_implemented_tokens).post(not_implemented_tokens),
+        )
+        .route(
+            "/access-tokens/{id}",
+            axum::routing::delete(not_implemented_tokens),
+        )
         .route("/metrics", get(not_implemented_metrics))
         .route("/metrics/{*rest}", get(not_implemented_metrics))
         .fallback(unknown_endpoint)

@@ -28,8 +28,8 @@ pub async fn create(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let request: CreateStreamRequest =
-        json_body(&headers, &body)?.ok_or_else(|| ApiError::bad_json("a request body is required"))?;
+    let request: CreateStreamRequest = json_body(&headers, &body)?
+        .ok_or_else(|| ApiError::bad_json("a request body is required"))?;
     let token = request_token(&headers)?;
     let name = StreamName::new(request.stream).map_err(ApiError::bad_json)?;
     let stream = engine
@@ -71,7 +71,9 @@ pub async fn reconfigure(
     body: Bytes,
 ) -> ApiResult<Json<StreamConfig>> {
     let change: StreamReconfiguration = json_body(&headers, &body)?.unwrap_or_default();
-    Ok(Json(engine.reconfigure_stream(&basin, &name, &change).await?))
+    Ok(Json(
+        engine.reconfigure_stream(&basin, &name, &change).await?,
+    ))
 }
 
 pub async fn list(
