@@ -1,0 +1,278 @@
+//! Crash recovery: several clients append continuously to several streams while the
+//! server is `kill -9`ed at random moments, again and again. After every restart:
+//! - every acknowledged batch is present exactly once, at the positions its ack gave;
+//! - sequence numbers are dense and timestamps never go backwards;
+//! - a batch whose ack never came is either wholly present or wholly absent;
+//! - nothing appears that no client sent.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::Rng;
+use reqwest::Client;
+use serde_json::{json, Value};
+use streamgate_tests::Server;
+
+const BASIN: &str = "crash-test";
+const STREAMS: usize = 3;
+const CLIENTS: usize = 8;
+
+#[derive(Default)]
+struct History {
+    /// Batch id → number of records sent.
+    sent: HashMap<String, usize>,
+    /// Batch id → (stream, first seq_num, end seq_num).
+    acked: HashMap<String, (usize, u64, u64)>,
+    /// Batches the server refused (e.g. `server_draining`): they must be absent.
+    refused: Vec<String>,
+}
+
+async fn append_until_failure(
+    client: Client,
+    endpoint: String,
+    streams: usize,
+    id: usize,
+    round: usize,
+    history: Arc<Mutex<History>>,
+) {
+    let mut n = 0;
+    loop {
+        let (stream, size) = {
+            let mut rng = rand::rng();
+            (rng.random_range(0..streams), rng.random_range(1..=20))
+        };
+        let batch = format!("c{id}r{round}n{n}");
+        n += 1;
+        let records: Vec<Value> = (0..size)
+            .map(|i| json!({"body": format!("{batch}/{i}")}))
+            .collect();
+        history.lock().unwrap().sent.insert(batch.clone(), size);
+        let response = client
+            .post(format!("{endpoint}/v1/streams/s{stream}/records"))
+            .header("s2-basin", BASIN)
+            .json(&json!({ "records": records }))
+            .send()
+            .await;
+        let ack: Value = match response {
+            Ok(r) if r.status().is_success() => match r.json().await {
+                Ok(ack) => ack,
+                Err(_) => return,
+            },
+            Ok(r) if r.status() == 503 => {
+                let error: Value = r.json().await.unwrap();
+                assert_eq!(error["code"], "server_draining");
+                history.lock().unwrap().refused.push(batch);
+                return;
+            }
+            Ok(r) => panic!("append failed while the server was up: {}", r.status()),
+            Err(_) => return, // the server died: this batch's fate is unknown
+        };
+        let start = ack["start"]["seq_num"].as_u64().unwrap();
+        let end = ack["end"]["seq_num"].as_u64().unwrap();
+        assert_eq!(end - start, size as u64, "the ack covers the whole batch");
+        history
+            .lock()
+            .unwrap()
+            .acked
+            .insert(batch, (stream, start, end));
+    }
+}
+
+async fn read_all(client: &Client, endpoint: &str, stream: usize) -> Vec<(u64, u64, String)> {
+    let mut records = Vec::new();
+    loop {
+        let response = client
+            .get(format!(
+                "{endpoint}/v1/streams/s{stream}/records?seq_num={}&count=1000",
+                records.len()
+            ))
+            .header("s2-basin", BASIN)
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 416 {
+            return records;
+        }
+        let batch: Value = response.json().await.unwrap();
+        for r in batch["records"].as_array().unwrap() {
+            records.push((
+                r["seq_num"].as_u64().unwrap(),
+                r["timestamp"].as_u64().unwrap(),
+                r["body"].as_str().unwrap().to_owned(),
+            ));
+        }
+    }
+}
+
+fn verify(history: &History, streams: &[Vec<(u64, u64, String)>]) -> usize {
+    let mut seen: HashMap<&str, (usize, u64)> = HashMap::new();
+    for (stream, records) in streams.iter().enumerate() {
+        let mut last_ts = 0;
+        let mut i = 0;
+        while i < records.len() {
+            let (seq, ts, body) = &records[i];
+            assert_eq!(*seq, i as u64, "sequence numbers are dense");
+            assert!(*ts >= last_ts, "timestamps never go backwards");
+            last_ts = *ts;
+            let (batch, index) = body.split_once('/').expect("only test records exist");
+            assert_eq!(index, "0", "batch {batch} starts at its first record");
+            let size = *history
+                .sent
+                .get(batch)
+                .unwrap_or_else(|| panic!("{batch} was never sent"));
+            for k in 0..size {
+                let (_, _, body) = records
+                    .get(i + k)
+                    .unwrap_or_else(|| panic!("batch {batch} is cut short"));
+                assert_eq!(
+                    *body,
+                    format!("{batch}/{k}"),
+                    "batch {batch} is whole and in order"
+                );
+            }
+            assert!(
+                seen.insert(batch, (stream, i as u64)).is_none(),
+                "batch {batch} appears twice"
+            );
+            i += size;
+        }
+    }
+    for (batch, (stream, start, _)) in &history.acked {
+        assert_eq!(
+            seen.get(batch.as_str()),
+            Some(&(*stream, *start)),
+            "acknowledged batch {batch} is present at its acknowledged position"
+        );
+    }
+    for batch in &history.refused {
+        assert!(
+            !seen.contains_key(batch.as_str()),
+            "refused batch {batch} is absent"
+        );
+    }
+    seen.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_under_load_loses_no_acknowledged_record() {
+    let iterations: usize = std::env::var("STREAMGATE_CRASH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12);
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path());
+    let client = Client::new();
+    let endpoint = server.endpoint.clone();
+    let status = client
+        .post(format!("{endpoint}/v1/basins"))
+        .json(&json!({"basin": BASIN}))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 201);
+    for s in 0..STREAMS {
+        let status = client
+            .post(format!("{endpoint}/v1/streams"))
+            .header("s2-basin", BASIN)
+            .json(&json!({"stream": format!("s{s}")}))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 201);
+    }
+
+    let history = Arc::new(Mutex::new(History::default()));
+    for round in 0..iterations {
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|id| {
+                tokio::spawn(append_until_failure(
+                    client.clone(),
+                    endpoint.clone(),
+                    STREAMS,
+                    id,
+                    round,
+                    history.clone(),
+                ))
+            })
+            .collect();
+        let delay = rand::rng().random_range(50..600);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        server.kill9();
+        for c in clients {
+            c.await.unwrap();
+        }
+        server.restart();
+        let mut streams = Vec::new();
+        for s in 0..STREAMS {
+            streams.push(read_all(&client, &endpoint, s).await);
+        }
+        let history = history.lock().unwrap();
+        let present = verify(&history, &streams);
+        let unacked = history.sent.len() - history.acked.len();
+        eprintln!(
+            "round {round}: killed after {delay} ms; {} batches acknowledged, {present} present, {unacked} never acknowledged",
+            history.acked.len()
+        );
+        assert!(!history.acked.is_empty() || round == 0);
+    }
+    let acked = history.lock().unwrap().acked.len();
+    assert!(
+        acked > iterations * 10,
+        "the test appended under load ({acked} acks)"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_acknowledged_records_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path());
+    let client = Client::new();
+    let endpoint = server.endpoint.clone();
+    client
+        .post(format!("{endpoint}/v1/basins"))
+        .json(&json!({"basin": BASIN}))
+        .send()
+        .await
+        .unwrap();
+    client
+        .post(format!("{endpoint}/v1/streams"))
+        .header("s2-basin", BASIN)
+        .json(&json!({"stream": "s0"}))
+        .send()
+        .await
+        .unwrap();
+    let history = Arc::new(Mutex::new(History::default()));
+    let clients: Vec<_> = (0..4)
+        .map(|id| {
+            tokio::spawn(append_until_failure(
+                client.clone(),
+                endpoint.clone(),
+                1,
+                id,
+                0,
+                history.clone(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let code = tokio::task::spawn_blocking(move || {
+        let code = server.terminate();
+        (server, code)
+    })
+    .await
+    .unwrap();
+    let (mut server, code) = code;
+    assert_eq!(code, Some(0), "a drained server exits cleanly");
+    for c in clients {
+        c.await.unwrap();
+    }
+    server.restart();
+    let mut streams = vec![read_all(&client, &endpoint, 0).await];
+    streams.extend([Vec::new(), Vec::new()]);
+    let history = history.lock().unwrap();
+    verify(&history, &streams);
+    assert!(!history.acked.is_empty());
+}
