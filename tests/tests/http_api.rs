@@ -233,6 +233,18 @@ async fn basin_lifecycle_pagination_and_idempotent_create() {
     assert_eq!(body["code"], "basin_not_found");
 }
 
+/// A request that must fail: method, path, basin header, body, other headers, and the
+/// expected status and error code.
+type ErrorCase<'a> = (
+    Method,
+    &'a str,
+    Option<&'a str>,
+    Option<Value>,
+    Vec<(&'a str, &'a str)>,
+    StatusCode,
+    &'a str,
+);
+
 #[tokio::test]
 async fn bad_requests_get_the_documented_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -241,15 +253,7 @@ async fn bad_requests_get_the_documented_errors() {
     with_stream(&api, "s").await;
     let long_token = "t".repeat(37);
 
-    let cases: Vec<(
-        Method,
-        &str,
-        Option<&str>,
-        Option<Value>,
-        Vec<(&str, &str)>,
-        StatusCode,
-        &str,
-    )> = vec![
+    let cases: Vec<ErrorCase> = vec![
         (
             Method::POST,
             "/basins",

@@ -1,0 +1,218 @@
+//! `bench`: unary append and read performance of streamgate, measured against the disk's
+//! own floor in the same run. Prints numbers; asserts nothing.
+//!
+//!   cargo run --release -p streamgate-compat --bin bench -- [--data-dir DIR] [--seconds N]
+//!
+//! The server is the release binary, started on a fresh data directory on the filesystem
+//! of `--data-dir`, and driven through the official Rust SDK (protobuf over HTTP/2).
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use s2_sdk::types::*;
+use s2_sdk::S2;
+use streamgate_compat::Server;
+
+#[derive(Parser)]
+struct Args {
+    /// Where the server's data (and the disk-floor probe files) go.
+    #[arg(long, default_value = "target/bench-data")]
+    data_dir: PathBuf,
+    /// Duration of each throughput phase.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Unary appends in the single-client latency phase.
+    #[arg(long, default_value_t = 2000)]
+    latency_appends: usize,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn summary(mut latencies: Vec<Duration>) -> String {
+    latencies.sort();
+    format!(
+        "p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms",
+        percentile(&latencies, 0.50).as_secs_f64() * 1e3,
+        percentile(&latencies, 0.99).as_secs_f64() * 1e3,
+        percentile(&latencies, 0.999).as_secs_f64() * 1e3
+    )
+}
+
+/// p50 of one small write + fdatasync on a fresh file, like a WAL chunk commit.
+fn fdatasync_floor(dir: &Path) -> Duration {
+    let mut samples = Vec::new();
+    for i in 0..200 {
+        let path = dir.join(format!("fsync-probe-{i}"));
+        let start = Instant::now();
+        let mut file = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.write_all(&[7u8; 1024]).unwrap();
+        file.sync_data().unwrap();
+        samples.push(start.elapsed());
+        std::fs::remove_file(path).unwrap();
+    }
+    samples.sort();
+    percentile(&samples, 0.5)
+}
+
+/// Durable sequential write bandwidth: 8 MiB writes, each followed by fdatasync.
+fn durable_bandwidth(dir: &Path) -> f64 {
+    let path = dir.join("bandwidth-probe");
+    let chunk = vec![42u8; 8 << 20];
+    let total = 512usize << 20;
+    let mut file = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    let start = Instant::now();
+    let mut written = 0;
+    while written < total {
+        file.write_all(&chunk).unwrap();
+        file.sync_data().unwrap();
+        written += chunk.len();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    std::fs::remove_file(path).unwrap();
+    written as f64 / (1 << 20) as f64 / secs
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn batch(records: usize, size: usize) -> AppendInput {
+    let body = bytes::Bytes::from(vec![b'x'; size]);
+    let records: Vec<AppendRecord> = (0..records)
+        .map(|_| AppendRecord::new(body.clone()).unwrap())
+        .collect();
+    AppendInput::new(AppendRecordBatch::try_from_iter(records).unwrap())
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let _ = std::fs::remove_dir_all(&args.data_dir);
+    std::fs::create_dir_all(&args.data_dir).unwrap();
+    let probe_dir = args.data_dir.join("probe");
+    std::fs::create_dir_all(&probe_dir).unwrap();
+
+    let floor = fdatasync_floor(&probe_dir);
+    let bandwidth = durable_bandwidth(&probe_dir);
+    println!("disk floor: fdatasync of a small new file p50 {:.3} ms; durable sequential write {bandwidth:.0} MiB/s", floor.as_secs_f64() * 1e3);
+
+    let server = Server::start(&args.data_dir.join("server"));
+    let pid = server.pid().unwrap();
+    let config = S2Config::new("unused")
+        .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).unwrap())
+        .with_insecure_skip_cert_verification(true)
+        .with_request_timeout(Duration::from_secs(30))
+        .with_retry(RetryConfig::new().with_max_attempts(std::num::NonZeroU32::new(1).unwrap()));
+    let s2 = Arc::new(S2::new(config).unwrap());
+    let basin_name: BasinName = "bench-basin".parse().unwrap();
+    s2.create_basin(CreateBasinInput::new(basin_name.clone()))
+        .await
+        .unwrap();
+    let basin = s2.basin(basin_name);
+    for name in ["latency", "throughput"] {
+        basin
+            .create_stream(CreateStreamInput::new(name.parse().unwrap()))
+            .await
+            .unwrap();
+    }
+
+    // 1. One client, one small record per append: the ack latency.
+    let stream = basin.stream("latency".parse().unwrap());
+    let mut latencies = Vec::with_capacity(args.latency_appends);
+    for _ in 0..args.latency_appends {
+        let start = Instant::now();
+        stream.append(batch(1, 100)).await.unwrap();
+        latencies.push(start.elapsed());
+    }
+    latencies.sort();
+    let p50 = percentile(&latencies, 0.5);
+    println!(
+        "unary append, 1 client, 1 x 100 B record: {}  ({:.2}x the fdatasync floor)",
+        summary(latencies.clone()),
+        p50.as_secs_f64() / floor.as_secs_f64()
+    );
+
+    // 2. 16 clients, protobuf batches of 64 x 8 KiB records: durable throughput.
+    let clients = 16;
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let stream = basin.stream("throughput".parse().unwrap());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                let start = Instant::now();
+                stream.append(batch(64, 8192)).await.unwrap();
+                latencies.push(start.elapsed());
+            }
+            latencies
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let records = all.len() * 64;
+    let mib = records as f64 * 8192.0 / (1 << 20) as f64;
+    println!(
+        "unary append, {clients} clients, 64 x 8 KiB records: {:.0} records/s, {:.1} MiB/s ({:.0}% of durable bandwidth); {}",
+        records as f64 / secs,
+        mib / secs,
+        100.0 * mib / secs / bandwidth,
+        summary(all)
+    );
+    println!("server RSS after appends: {:.0} MiB", rss_mib(pid));
+
+    // 3. Unary reads of everything just written, 1 MiB batches.
+    let stream = basin.stream("throughput".parse().unwrap());
+    let tail = stream.check_tail().await.unwrap().seq_num;
+    let started = Instant::now();
+    let (mut seq, mut bytes, mut latencies) = (0, 0usize, Vec::new());
+    while seq < tail {
+        let start = Instant::now();
+        let batch = stream
+            .read(ReadInput::new().with_start(ReadStart::new().with_from(ReadFrom::SeqNum(seq))))
+            .await
+            .unwrap();
+        latencies.push(start.elapsed());
+        seq = batch.records.last().unwrap().seq_num + 1;
+        bytes += batch.records.iter().map(|r| r.body.len()).sum::<usize>();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "unary read, 1 client, 1 MiB batches: {:.0} records/s, {:.1} MiB/s; {}",
+        tail as f64 / secs,
+        bytes as f64 / (1 << 20) as f64 / secs,
+        summary(latencies)
+    );
+    println!("server RSS at the end: {:.0} MiB", rss_mib(pid));
+    drop(server);
+    let _ = std::fs::remove_dir_all(&args.data_dir);
+}
