@@ -710,9 +710,16 @@ async fn recover(
                 break;
             }
             let key: Arc<str> = crate::wal::chunk_key(epoch, *number).into();
-            let chunk = objects.get(&key).await?.ok_or_else(|| {
-                Error::storage(format!("WAL chunk `{key}` vanished during recovery"))
-            })?;
+            // A chunk that reads as absent was torn by a crash during its own put, so it
+            // was never acknowledged: it ends this epoch's log like a gap does.
+            let Some(chunk) = objects.get(&key).await? else {
+                tracing::info!(
+                    epoch,
+                    ignored = numbers.len() - expected,
+                    "a WAL chunk torn by a crash ends this epoch; ignoring it and any after it"
+                );
+                break;
+            };
             for entry in decode_chunk(&key, &chunk)? {
                 let Some((sequencer, batches)) = replay.get_mut(&entry.stream_id) else {
                     continue; // a deleted stream

@@ -403,8 +403,10 @@ async fn a_recreated_stream_never_sees_old_records_and_names_wait_for_deletion()
     assert_eq!(bodies(&batch), ["new"]);
 }
 
-#[tokio::test]
-async fn chunks_after_a_gap_are_ignored_by_recovery() {
+/// Simulates a crash in which chunk 1 never became durable (missing, or torn by the
+/// crash) while chunk 2 did: the writer never acknowledged chunk 2's batch, so recovery
+/// must not resurrect it, and sequence numbers must continue densely.
+async fn recovery_stops_at_chunk_1(damage: impl FnOnce(&Path)) {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path()).await;
     let s = setup(&engine, "gap").await;
@@ -417,10 +419,11 @@ async fn chunks_after_a_gap_are_ignored_by_recovery() {
     let epoch = engine.epoch();
     engine.shutdown().await;
     drop(engine);
-    // Simulate a crash in which chunk 1 never became durable but chunk 2 did: the
-    // writer never acknowledged chunk 2's batch, so recovery must not resurrect it.
-    let objects = dir.path().join("objects");
-    std::fs::remove_file(objects.join(streamgate_core::wal::chunk_key(epoch, 1))).unwrap();
+    let chunk_1 = dir
+        .path()
+        .join("objects")
+        .join(streamgate_core::wal::chunk_key(epoch, 1));
+    damage(&chunk_1);
     let engine = open(dir.path()).await;
     let batch = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
     assert_eq!(bodies(&batch), ["a"]);
@@ -429,6 +432,20 @@ async fn chunks_after_a_gap_are_ignored_by_recovery() {
         .await
         .unwrap();
     assert_eq!(ack.start.seq_num, 1, "sequence numbers stay dense");
+}
+
+#[tokio::test]
+async fn chunks_after_a_missing_chunk_are_ignored_by_recovery() {
+    recovery_stops_at_chunk_1(|chunk| std::fs::remove_file(chunk).unwrap()).await;
+}
+
+#[tokio::test]
+async fn a_torn_chunk_ends_its_epoch_in_recovery() {
+    recovery_stops_at_chunk_1(|chunk| {
+        let bytes = std::fs::read(chunk).unwrap();
+        std::fs::write(chunk, &bytes[..bytes.len() - 3]).unwrap();
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 
 mod api;
 mod cli;
+mod server;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,10 +76,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     print_banner(&args, addr, &metadata_path, &engine);
 
     let app = api::router(engine.clone());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serving HTTP")?;
+    server::serve(listener, app, shutdown_signal(), Duration::from_secs(30)).await;
     tracing::info!("draining: waiting for accepted appends to become durable");
     engine.shutdown().await;
     tracing::info!("stopped");

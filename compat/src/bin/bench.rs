@@ -101,6 +101,21 @@ fn rss_mib(pid: u32) -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// CPU seconds (user + system) the process has used so far.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which is in parentheses): utime and stime are 14 and 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| {
+        f.iter().filter_map(|v| v.parse::<f64>().ok()).sum()
+    });
+    ticks / 100.0
+}
+
 fn batch(records: usize, size: usize) -> AppendInput {
     let body = bytes::Bytes::from(vec![b'x'; size]);
     let records: Vec<AppendRecord> = (0..records)
@@ -141,8 +156,20 @@ async fn main() {
             .unwrap();
     }
 
-    // 1. One client, one small record per append: the ack latency.
+    // 0. The request round trip without storage: check-tail through the same client.
     let stream = basin.stream("latency".parse().unwrap());
+    let mut latencies = Vec::new();
+    for _ in 0..args.latency_appends {
+        let start = Instant::now();
+        stream.check_tail().await.unwrap();
+        latencies.push(start.elapsed());
+    }
+    println!(
+        "check-tail round trip (no storage), 1 client: {}",
+        summary(latencies)
+    );
+
+    // 1. One client, one small record per append: the ack latency.
     let mut latencies = Vec::with_capacity(args.latency_appends);
     for _ in 0..args.latency_appends {
         let start = Instant::now();
@@ -159,6 +186,7 @@ async fn main() {
 
     // 2. 16 clients, protobuf batches of 64 x 8 KiB records: durable throughput.
     let clients = 16;
+    let cpu_before = cpu_secs(pid);
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -188,7 +216,11 @@ async fn main() {
         100.0 * mib / secs / bandwidth,
         summary(all)
     );
-    println!("server RSS after appends: {:.0} MiB", rss_mib(pid));
+    println!(
+        "server RSS after appends: {:.0} MiB; server CPU during the phase: {:.0}% of one core",
+        rss_mib(pid),
+        100.0 * (cpu_secs(pid) - cpu_before) / secs
+    );
 
     // 3. Unary reads of everything just written, 1 MiB batches.
     let stream = basin.stream("throughput".parse().unwrap());
