@@ -2,4 +2,4 @@
 //! benchmark programs (see `src/bin/`). The server under test is the real binary,
 //! started through `streamgate_tests::Server`.
 
-pub use streamgate_tests::Server;
+pub use streamgate_tests::{wire, Server};

@@ -158,3 +158,33 @@ impl Drop for Server {
         self.kill9();
     }
 }
+
+/// A minimal protobuf writer for `s2.v1.AppendInput`, written from the spec's field
+/// numbers, so tests and benchmarks check the server against the wire format rather
+/// than against the server's own types.
+pub mod wire {
+    fn varint(mut v: u64, out: &mut Vec<u8>) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
+    fn length_delimited(field: u64, bytes: &[u8], out: &mut Vec<u8>) {
+        varint(field << 3 | 2, out);
+        varint(bytes.len() as u64, out);
+        out.extend_from_slice(bytes);
+    }
+
+    /// `AppendInput { records: [AppendRecord { body }] }`, one record per body.
+    pub fn encode_append_input(bodies: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for body in bodies {
+            let mut record = Vec::new();
+            length_delimited(3, body, &mut record);
+            length_delimited(1, &record, &mut out);
+        }
+        out
+    }
+}

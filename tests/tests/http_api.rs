@@ -529,8 +529,7 @@ async fn append_and_read_in_every_format() {
     assert_eq!(batch["records"][0]["headers"], json!([["AA==", "/w=="]]));
 
     // Protobuf both ways, with both media type spellings.
-    use prost_free::*;
-    let body = encode_append_input(&[b"proto-1", b"proto-2"]);
+    let body = streamgate_tests::wire::encode_append_input(&[b"proto-1", b"proto-2"]);
     for media in ["application/protobuf", "application/x-protobuf"] {
         let response = api
             .client
@@ -576,35 +575,6 @@ async fn append_and_read_in_every_format() {
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["code"], "bad_proto");
-}
-
-/// A minimal protobuf writer for the two messages this test sends, so the test checks
-/// the server against the wire format rather than against the server's own types.
-mod prost_free {
-    fn varint(mut v: u64, out: &mut Vec<u8>) {
-        while v >= 0x80 {
-            out.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        out.push(v as u8);
-    }
-
-    fn field(tag: u64, bytes: &[u8], out: &mut Vec<u8>) {
-        varint(tag << 3 | 2, out);
-        varint(bytes.len() as u64, out);
-        out.extend_from_slice(bytes);
-    }
-
-    /// AppendInput { records: [AppendRecord { body }] }
-    pub fn encode_append_input(bodies: &[&[u8]]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for body in bodies {
-            let mut record = Vec::new();
-            field(3, body, &mut record);
-            field(1, &record, &mut out);
-        }
-        out
-    }
 }
 
 #[tokio::test]
