@@ -15,7 +15,7 @@ use crate::config::{
 };
 use crate::error::{Error, Result};
 use crate::names::{BasinName, StreamName};
-use crate::read::{ReadBatch, ReadLimits, ReadRequest, ReadStart, MAX_UNARY_WAIT};
+use crate::read::{ReadBatch, ReadRequest, ReadStart, StreamReader, MAX_UNARY_WAIT};
 use crate::record::{AppendAck, AppendInput, Command, SequencedRecord, StreamPosition};
 use crate::storage::metadata::{Created, ListRange};
 use crate::storage::{BasinRecord, ListPage, MetadataStore, ObjectStore, StreamRecord};
@@ -473,6 +473,22 @@ impl Engine {
         input: AppendInput,
         create_config: Option<&StreamConfig>,
     ) -> Result<AppendAck> {
+        self.submit_append(basin, name, input, create_config)
+            .await?
+            .await
+    }
+
+    /// Checks and sequences a batch now, and returns its acknowledgement to await. Batches
+    /// submitted one after another are sequenced, made durable and acknowledged in that
+    /// order, so a session can keep many in flight. An error here (a failed condition,
+    /// bad input) means the batch was not appended.
+    pub async fn submit_append(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        input: AppendInput,
+        create_config: Option<&StreamConfig>,
+    ) -> Result<PendingAck> {
         let commands = input.validate()?;
         self.check_accepting()?;
         let create_config = create_config.copied().unwrap_or_default();
@@ -480,18 +496,18 @@ impl Engine {
             .stream_for(basin, name, Some((AutoCreate::OnAppend, &create_config)))
             .await?;
         let (done, ack) = oneshot::channel();
-        {
-            let mut sequencer = state.sequencer().lock().await;
-            let batch = state.sequence(&mut sequencer, input, &commands, now_ms())?;
-            let wal = self.inner.wal.read().unwrap().clone();
-            let wal = wal.ok_or(Error::ServerDraining)?;
-            // Sent while the sequencer is held, so batches enter the log in sequence order.
-            if wal.send(PendingAppend { batch, done }).await.is_err() {
-                return Err(Error::ServerDraining);
-            }
+        // Holding a sender keeps the writer running until this batch is in its queue.
+        let wal = self.inner.wal.read().unwrap().clone();
+        let wal = wal.ok_or(Error::ServerDraining)?;
+        let mut sequencer = state.sequencer().lock().await;
+        let batch = state.sequence(&mut sequencer, input, &commands, now_ms())?;
+        // Sent while the sequencer is held, so batches enter the log in sequence order.
+        if wal.send(PendingAppend { batch, done }).await.is_err() {
+            return Err(Error::Unavailable(
+                "the write-ahead log writer stopped".into(),
+            ));
         }
-        ack.await
-            .map_err(|_| Error::Unavailable("the write-ahead log stopped".into()))?
+        Ok(PendingAck(ack))
     }
 
     fn check_accepting(&self) -> Result<()> {
@@ -517,6 +533,24 @@ impl Engine {
         Ok(state.tail())
     }
 
+    /// Opens a reader at a start selector, creating the stream if the basin allows it.
+    /// A start beyond the tail is `RangeNotSatisfiable`, unless `clamp` moves it to the
+    /// tail. Starts below the trim point move up to it.
+    pub async fn open_reader(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        start: ReadStart,
+        clamp: bool,
+        create_config: Option<&StreamConfig>,
+    ) -> Result<StreamReader> {
+        let create_config = create_config.copied().unwrap_or_default();
+        let state = self
+            .stream_for(basin, name, Some((AutoCreate::OnRead, &create_config)))
+            .await?;
+        StreamReader::open(self.clone(), state, start, clamp).await
+    }
+
     /// A single-batch read with the documented semantics: start selection, the 416
     /// rules, bounds capped at 1000 records / 1 MiB, and an optional wait at the tail.
     pub async fn read(
@@ -526,138 +560,34 @@ impl Engine {
         request: ReadRequest,
         create_config: Option<&StreamConfig>,
     ) -> Result<ReadBatch> {
-        if let (ReadStart::Timestamp(start), Some(until)) = (request.start, request.limits.until) {
-            if until <= start {
-                return Err(Error::invalid(
-                    "`until` must be greater than the start `timestamp`",
-                ));
-            }
-        }
-        let create_config = create_config.copied().unwrap_or_default();
-        let state = self
-            .stream_for(basin, name, Some((AutoCreate::OnRead, &create_config)))
+        request.validate()?;
+        let mut reader = self
+            .open_reader(basin, name, request.start, request.clamp, create_config)
             .await?;
         let wait = request.wait.min(MAX_UNARY_WAIT);
-        let limits = request.limits.for_one_batch();
-        // Subscribe before looking at the tail, so no append slips between the two.
-        let mut tail_changes = state.subscribe();
-        let tail = state.tail();
-        let start_seq = match self.start_seq(&state, request.start, tail).await? {
-            Some(seq) => seq,
-            None if request.clamp => tail.seq_num,
-            None => return Err(Error::RangeNotSatisfiable { tail }),
-        };
-        let start_seq = start_seq.max(state.visible().trim_point);
-        if wait.is_zero() && start_seq >= tail.seq_num {
-            return Err(Error::RangeNotSatisfiable { tail });
+        if wait.is_zero() && reader.at_tail() {
+            return Err(Error::RangeNotSatisfiable {
+                tail: reader.tail(),
+            });
         }
+        let limits = request.limits.for_one_batch();
         if limits.count == Some(0) || limits.bytes == Some(0) {
             return Ok(ReadBatch::default());
         }
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let (records, bounded) = self.collect(&state, start_seq, limits).await?;
-            if !records.is_empty() || bounded {
-                let tail = state.tail();
-                let at_tail = records.last().map(|r| r.seq_num + 1) == Some(tail.seq_num);
-                return Ok(ReadBatch {
-                    records,
-                    tail: at_tail.then_some(tail),
-                });
+            let (batch, bounded) = reader.next_batch(limits).await?;
+            if !batch.records.is_empty() || bounded {
+                return Ok(batch);
             }
-            if state.is_deleted() {
-                return Err(Error::StreamDeletionPending(name.to_string()));
-            }
-            match tokio::time::timeout_at(deadline, tail_changes.changed()).await {
-                Ok(Ok(())) => continue,
-                Ok(Err(_)) | Err(_) => return Ok(ReadBatch::default()),
+            if !reader.wait_for_records(Some(deadline)).await? {
+                return Ok(ReadBatch::default());
             }
         }
-    }
-
-    /// The sequence number a start selector points at, or `None` if it lies beyond the
-    /// tail (`seq_num > tail` or `timestamp > tail timestamp`).
-    async fn start_seq(
-        &self,
-        state: &StreamState,
-        start: ReadStart,
-        tail: StreamPosition,
-    ) -> Result<Option<u64>> {
-        Ok(match start {
-            ReadStart::SeqNum(seq) if seq > tail.seq_num => None,
-            ReadStart::SeqNum(seq) => Some(seq),
-            ReadStart::TailOffset(offset) => Some(tail.seq_num.saturating_sub(offset)),
-            ReadStart::Timestamp(ts) if ts > tail.timestamp => None,
-            ReadStart::Timestamp(ts) => {
-                // Timestamps are monotonic, so batches are ordered by their last timestamp.
-                let location = {
-                    let visible = state.visible();
-                    let i = visible.batches.partition_point(|b| b.last_timestamp < ts);
-                    visible.batches.get(i).cloned()
-                };
-                match location {
-                    None => Some(tail.seq_num),
-                    Some(location) => {
-                        let records = self.load(&location).await?;
-                        Some(
-                            records
-                                .iter()
-                                .find(|r| r.timestamp >= ts)
-                                .map_or(location.end_seq, |r| r.seq_num),
-                        )
-                    }
-                }
-            }
-        })
-    }
-
-    /// Durable records from `start_seq` within `limits` (which must have count and bytes
-    /// set). The flag says a bound (rather than the tail) stopped the read.
-    async fn collect(
-        &self,
-        state: &StreamState,
-        start_seq: u64,
-        limits: ReadLimits,
-    ) -> Result<(Vec<SequencedRecord>, bool)> {
-        let max_count = limits.count.unwrap_or(u64::MAX);
-        let max_bytes = limits.bytes.unwrap_or(u64::MAX);
-        let locations: Vec<BatchLocation> = {
-            let visible = state.visible();
-            let first = visible.batches.partition_point(|b| b.end_seq <= start_seq);
-            let mut covered = 0u64;
-            visible.batches[first..]
-                .iter()
-                .take_while(|b| {
-                    let take = covered < max_count;
-                    covered += b.end_seq - b.start_seq.max(start_seq);
-                    take
-                })
-                .cloned()
-                .collect()
-        };
-        let mut records = Vec::new();
-        let mut bytes = 0u64;
-        for location in &locations {
-            for record in self.load(location).await? {
-                if record.seq_num < start_seq {
-                    continue;
-                }
-                if limits.until.is_some_and(|until| record.timestamp >= until) {
-                    return Ok((records, true));
-                }
-                let size = record.metered_size();
-                if records.len() as u64 >= max_count || bytes + size > max_bytes {
-                    return Ok((records, true));
-                }
-                bytes += size;
-                records.push(record);
-            }
-        }
-        Ok((records, false))
     }
 
     /// The records of one durable batch, from the cache or the object store.
-    async fn load(&self, location: &BatchLocation) -> Result<Vec<SequencedRecord>> {
+    pub(crate) async fn load(&self, location: &BatchLocation) -> Result<Vec<SequencedRecord>> {
         let span = location.span;
         let bytes = match self.inner.cache.get(&location.chunk) {
             Some(chunk) => chunk.slice(span.offset as usize..(span.offset + span.len) as usize),
@@ -669,6 +599,23 @@ impl Engine {
             }
         };
         Ok(decode_entry(&location.chunk, bytes)?.1)
+    }
+}
+
+/// The acknowledgement of a submitted append: resolves once the batch is durable.
+pub struct PendingAck(oneshot::Receiver<Result<AppendAck>>);
+
+impl std::future::Future for PendingAck {
+    type Output = Result<AppendAck>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx).map(|outcome| {
+            outcome
+                .unwrap_or_else(|_| Err(Error::Unavailable("the write-ahead log stopped".into())))
+        })
     }
 }
 

@@ -16,6 +16,6 @@ mod stream;
 pub mod wal;
 mod wal_writer;
 
-pub use engine::{Engine, EngineSettings, Provisioned};
+pub use engine::{Engine, EngineSettings, PendingAck, Provisioned};
 pub use error::{Error, Result};
 pub use wal_writer::FlushSettings;

@@ -1,8 +1,15 @@
 //! Read requests: where a read starts, what bounds it, and how long it waits.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
 use crate::record::{SequencedRecord, StreamPosition, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS};
+use crate::stream::{BatchLocation, StreamState};
 
 /// Where a read starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +58,19 @@ pub struct ReadRequest {
     pub wait: Duration,
 }
 
+impl ReadRequest {
+    pub fn validate(&self) -> Result<()> {
+        if let (ReadStart::Timestamp(start), Some(until)) = (self.start, self.limits.until) {
+            if until <= start {
+                return Err(Error::invalid(
+                    "`until` must be greater than the start `timestamp`",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Longest a unary read may wait at the tail.
 pub const MAX_UNARY_WAIT: Duration = Duration::from_secs(60);
 
@@ -60,4 +80,175 @@ pub struct ReadBatch {
     pub records: Vec<SequencedRecord>,
     /// The tail, when the batch reaches it.
     pub tail: Option<StreamPosition>,
+}
+
+/// A cursor over one stream's durable records, shared by unary reads and read sessions.
+/// Waiting for new records uses the stream's tail notifications, so idle followers cost
+/// no polling.
+pub struct StreamReader {
+    engine: Engine,
+    state: Arc<StreamState>,
+    position: u64,
+    tail_changes: watch::Receiver<StreamPosition>,
+}
+
+impl StreamReader {
+    pub(crate) async fn open(
+        engine: Engine,
+        state: Arc<StreamState>,
+        start: ReadStart,
+        clamp: bool,
+    ) -> Result<StreamReader> {
+        // Subscribe before looking at the tail, so no append slips between the two.
+        let tail_changes = state.subscribe();
+        let tail = state.tail();
+        let position = match start_seq(&engine, &state, start, tail).await? {
+            Some(seq) => seq,
+            None if clamp => tail.seq_num,
+            None => return Err(Error::RangeNotSatisfiable { tail }),
+        };
+        let trim_point = state.visible().trim_point;
+        Ok(StreamReader {
+            position: position.max(trim_point),
+            engine,
+            state,
+            tail_changes,
+        })
+    }
+
+    /// The sequence number of the next record this reader returns.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    pub fn tail(&self) -> StreamPosition {
+        self.state.tail()
+    }
+
+    /// Whether every durable record has been read.
+    pub fn at_tail(&self) -> bool {
+        self.position >= self.tail().seq_num
+    }
+
+    /// The next durable records within `limits` (count and bytes should be set), and
+    /// whether a bound rather than the tail ended the batch. The batch carries the tail
+    /// when it reaches it. Records trimmed meanwhile are skipped.
+    pub async fn next_batch(&mut self, limits: ReadLimits) -> Result<(ReadBatch, bool)> {
+        if self.state.is_deleted() {
+            return Err(Error::StreamDeletionPending(self.state.name.to_string()));
+        }
+        self.position = self.position.max(self.state.visible().trim_point);
+        let (records, bounded) = self.collect(limits).await?;
+        if let Some(last) = records.last() {
+            self.position = last.seq_num + 1;
+        }
+        let tail = self.tail();
+        let at_tail = records.last().map(|r| r.seq_num + 1) == Some(tail.seq_num);
+        Ok((
+            ReadBatch {
+                records,
+                tail: at_tail.then_some(tail),
+            },
+            bounded,
+        ))
+    }
+
+    /// Waits until records exist past the position (`true`), or until the deadline
+    /// passes (`false`). A deleted stream ends the wait with an error.
+    pub async fn wait_for_records(&mut self, deadline: Option<Instant>) -> Result<bool> {
+        loop {
+            if self.state.is_deleted() {
+                return Err(Error::StreamDeletionPending(self.state.name.to_string()));
+            }
+            if !self.at_tail() {
+                return Ok(true);
+            }
+            let changed = self.tail_changes.changed();
+            let outcome = match deadline {
+                Some(deadline) => match tokio::time::timeout_at(deadline, changed).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => return Ok(false),
+                },
+                None => changed.await,
+            };
+            if outcome.is_err() {
+                return Ok(false);
+            }
+        }
+    }
+
+    async fn collect(&self, limits: ReadLimits) -> Result<(Vec<SequencedRecord>, bool)> {
+        let start_seq = self.position;
+        let max_count = limits.count.unwrap_or(u64::MAX);
+        let max_bytes = limits.bytes.unwrap_or(u64::MAX);
+        let locations: Vec<BatchLocation> = {
+            let visible = self.state.visible();
+            let first = visible.batches.partition_point(|b| b.end_seq <= start_seq);
+            let mut covered = 0u64;
+            visible.batches[first..]
+                .iter()
+                .take_while(|b| {
+                    let take = covered < max_count;
+                    covered += b.end_seq - b.start_seq.max(start_seq);
+                    take
+                })
+                .cloned()
+                .collect()
+        };
+        let mut records = Vec::new();
+        let mut bytes = 0u64;
+        for location in &locations {
+            for record in self.engine.load(location).await? {
+                if record.seq_num < start_seq {
+                    continue;
+                }
+                if limits.until.is_some_and(|until| record.timestamp >= until) {
+                    return Ok((records, true));
+                }
+                let size = record.metered_size();
+                if records.len() as u64 >= max_count || bytes + size > max_bytes {
+                    return Ok((records, true));
+                }
+                bytes += size;
+                records.push(record);
+            }
+        }
+        Ok((records, false))
+    }
+}
+
+/// The sequence number a start selector points at, or `None` if it lies beyond the
+/// tail (`seq_num > tail` or `timestamp > tail timestamp`).
+async fn start_seq(
+    engine: &Engine,
+    state: &StreamState,
+    start: ReadStart,
+    tail: StreamPosition,
+) -> Result<Option<u64>> {
+    Ok(match start {
+        ReadStart::SeqNum(seq) if seq > tail.seq_num => None,
+        ReadStart::SeqNum(seq) => Some(seq),
+        ReadStart::TailOffset(offset) => Some(tail.seq_num.saturating_sub(offset)),
+        ReadStart::Timestamp(ts) if ts > tail.timestamp => None,
+        ReadStart::Timestamp(ts) => {
+            // Timestamps are monotonic, so batches are ordered by their last timestamp.
+            let location = {
+                let visible = state.visible();
+                let i = visible.batches.partition_point(|b| b.last_timestamp < ts);
+                visible.batches.get(i).cloned()
+            };
+            match location {
+                None => Some(tail.seq_num),
+                Some(location) => {
+                    let records = engine.load(&location).await?;
+                    Some(
+                        records
+                            .iter()
+                            .find(|r| r.timestamp >= ts)
+                            .map_or(location.end_seq, |r| r.seq_num),
+                    )
+                }
+            }
+        }
+    })
 }

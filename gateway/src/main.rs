@@ -75,8 +75,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     print_banner(&args, addr, &metadata_path, &engine);
 
-    let app = api::router(engine.clone());
-    server::serve(listener, app, shutdown_signal(), Duration::from_secs(30)).await;
+    let (start_drain, drain) = api::sessions::Drain::new();
+    let app = api::router(engine.clone(), drain);
+    let shutdown = async move {
+        shutdown_signal().await;
+        // Sessions see this first: append sessions acknowledge what they accepted and end
+        // with `server_draining`, read sessions end.
+        let _ = start_drain.send(true);
+    };
+    server::serve(listener, app, shutdown, Duration::from_secs(30)).await;
     tracing::info!("draining: waiting for accepted appends to become durable");
     engine.shutdown().await;
     tracing::info!("stopped");

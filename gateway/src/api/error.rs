@@ -45,6 +45,18 @@ impl ApiError {
         Self::standard(StatusCode::UNPROCESSABLE_ENTITY, "invalid", message)
     }
 
+    pub fn bad_frame(message: impl std::fmt::Display) -> Self {
+        Self::standard(StatusCode::BAD_REQUEST, "bad_frame", message)
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn body(&self) -> &Value {
+        &self.body
+    }
+
     pub fn not_implemented(what: &str) -> Self {
         Self::standard(
             StatusCode::NOT_IMPLEMENTED,

@@ -1,11 +1,12 @@
 //! The S2 REST API v1, over HTTP/1.1 and cleartext HTTP/2.
 
 mod basins;
-mod error;
+pub(crate) mod error;
 mod extract;
-mod json;
-mod proto;
+pub(crate) mod json;
+pub(crate) mod proto;
 mod records;
+pub mod sessions;
 mod streams;
 
 use axum::http::{HeaderValue, StatusCode};
@@ -21,7 +22,7 @@ use tower_http::decompression::RequestDecompressionLayer;
 
 use error::{ApiError, ApiResult};
 
-pub fn router(engine: Engine) -> Router {
+pub fn router(engine: Engine, drain: sessions::Drain) -> Router {
     // Compress responses over 1 KiB, never streaming ones.
     let compress_when = SizeAbove::new(1024)
         .and(NotForContentType::const_new("text/event-stream"))
@@ -69,6 +70,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/health", get(|| async { "ok" }))
         .nest("/v1", v1)
         .fallback(unknown_endpoint)
+        .layer(axum::Extension(drain))
         .layer(CompressionLayer::new().compress_when(compress_when))
         .layer(RequestDecompressionLayer::new())
 }

@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use prost::Message;
 use serde::Deserialize;
@@ -17,6 +18,8 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{stream_config_header, ApiQuery, Basin, StreamPath};
 use super::json::{self, AppendInputJson, Format};
 use super::proto;
+use super::sessions::read::{ResumeFrom, S2sEncoder, SessionBounds, SseEncoder};
+use super::sessions::{self, append::AppendSession, frame::Compression, Drain};
 
 fn is_protobuf(media_type: &str) -> bool {
     let essence = media_type.split(';').next().unwrap_or_default().trim();
@@ -32,17 +35,16 @@ fn wants_protobuf(headers: &HeaderMap) -> bool {
         .is_some_and(is_protobuf)
 }
 
-fn is_session_request(headers: &HeaderMap) -> bool {
-    let has = |name, value: &str| {
-        headers
-            .get(name)
-            .and_then(|v: &HeaderValue| v.to_str().ok())
-            .is_some_and(|v| v.contains(value))
-    };
-    has(header::CONTENT_TYPE, "s2s/proto")
-        || has(header::ACCEPT, "s2s/proto")
-        || has(header::ACCEPT, "text/event-stream")
+fn header_contains(headers: &HeaderMap, name: header::HeaderName, value: &str) -> bool {
+    headers
+        .get(name)
+        .and_then(|v: &HeaderValue| v.to_str().ok())
+        .is_some_and(|v| v.contains(value))
 }
+
+/// Largest unary request body accepted before decoding (a 1 MiB batch in JSON with
+/// base64 bodies is larger than 1 MiB on the wire).
+const MAX_UNARY_BODY: usize = 8 * 1024 * 1024;
 
 fn protobuf_response(message: impl Message) -> Response {
     (
@@ -54,15 +56,27 @@ fn protobuf_response(message: impl Message) -> Response {
 
 pub async fn append(
     State(engine): State<Engine>,
+    Extension(drain): Extension<Drain>,
     Basin(basin): Basin,
     StreamPath(stream): StreamPath,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult<Response> {
-    if is_session_request(&headers) {
-        return Err(ApiError::not_implemented("S2S append sessions"));
-    }
     let create_config = stream_config_header(&headers)?;
+    if header_contains(&headers, header::CONTENT_TYPE, "s2s/proto") {
+        let session = AppendSession {
+            engine,
+            basin,
+            stream,
+            create_config,
+            compression: Compression::negotiate(&headers),
+            drain,
+        };
+        return Ok(session.respond(body));
+    }
+    let body = axum::body::to_bytes(body, MAX_UNARY_BODY)
+        .await
+        .map_err(|e| ApiError::bad_json(format!("cannot read the request body: {e}")))?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -128,23 +142,72 @@ impl ReadQuery {
 
 pub async fn read(
     State(engine): State<Engine>,
+    Extension(drain): Extension<Drain>,
     Basin(basin): Basin,
     StreamPath(stream): StreamPath,
     ApiQuery(query): ApiQuery<ReadQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    if is_session_request(&headers) {
-        return Err(ApiError::not_implemented("read sessions (S2S and SSE)"));
-    }
     let format = Format::from_headers(&headers)?;
     let create_config = stream_config_header(&headers)?;
-    let batch = engine
-        .read(&basin, &stream, query.request()?, create_config.as_ref())
+    let s2s = header_contains(&headers, header::ACCEPT, "s2s/proto")
+        || header_contains(&headers, header::CONTENT_TYPE, "s2s/proto");
+    let sse = header_contains(&headers, header::ACCEPT, "text/event-stream");
+    if !s2s && !sse {
+        let batch = engine
+            .read(&basin, &stream, query.request()?, create_config.as_ref())
+            .await?;
+        return Ok(if wants_protobuf(&headers) {
+            protobuf_response(proto::ReadBatch::from(batch))
+        } else {
+            Json(json::read_batch(&batch, format)).into_response()
+        });
+    }
+
+    let mut request = query.request()?;
+    let mut bounds = SessionBounds::new(query.count, query.bytes, query.until, query.wait);
+    // SSE resumes after `Last-Event-ID`, with the bounds reduced by what was delivered.
+    let resume =
+        match headers.get("last-event-id").filter(|_| sse) {
+            Some(value) => Some(value.to_str().ok().and_then(ResumeFrom::parse).ok_or_else(
+                || ApiError::bad_header("`Last-Event-ID` must be `seq_num,count,bytes`"),
+            )?),
+            None => None,
+        };
+    if let Some(resume) = resume {
+        request.start = ReadStart::SeqNum(resume.seq_num + 1);
+        bounds.count = bounds.count.map(|c| c.saturating_sub(resume.count));
+        bounds.bytes = bounds.bytes.map(|b| b.saturating_sub(resume.bytes));
+    }
+    request.validate()?;
+    let reader = engine
+        .open_reader(
+            &basin,
+            &stream,
+            request.start,
+            request.clamp,
+            create_config.as_ref(),
+        )
         .await?;
-    Ok(if wants_protobuf(&headers) {
-        protobuf_response(proto::ReadBatch::from(batch))
+    let exhausted = bounds.count == Some(0) || bounds.bytes == Some(0);
+    if !exhausted && !bounds.waits() && reader.at_tail() {
+        return Err(streamgate_core::Error::RangeNotSatisfiable {
+            tail: reader.tail(),
+        }
+        .into());
+    }
+    Ok(if s2s {
+        let encoder = S2sEncoder {
+            compression: Compression::negotiate(&headers),
+        };
+        sessions::read::respond(reader, bounds, encoder, drain)
     } else {
-        Json(json::read_batch(&batch, format)).into_response()
+        let encoder = SseEncoder {
+            format,
+            delivered_count: resume.map_or(0, |r| r.count),
+            delivered_bytes: resume.map_or(0, |r| r.bytes),
+        };
+        sessions::read::respond(reader, bounds, encoder, drain)
     })
 }
 
