@@ -177,6 +177,72 @@ pub mod wire {
         out.extend_from_slice(bytes);
     }
 
+    /// An S2S frame around an uncompressed message.
+    pub fn s2s_frame(message: &[u8]) -> Vec<u8> {
+        let len = (message.len() + 1) as u32;
+        let mut out = len.to_be_bytes()[1..].to_vec();
+        out.push(0);
+        out.extend_from_slice(message);
+        out
+    }
+
+    /// One S2S frame from the front of `buffer`, if it holds a whole one:
+    /// (flag byte, body). Removes it from the buffer.
+    pub fn take_s2s_frame(buffer: &mut Vec<u8>) -> Option<(u8, Vec<u8>)> {
+        if buffer.len() < 3 {
+            return None;
+        }
+        let len = u32::from_be_bytes([0, buffer[0], buffer[1], buffer[2]]) as usize;
+        if buffer.len() < 3 + len {
+            return None;
+        }
+        let frame: Vec<u8> = buffer.drain(..3 + len).collect();
+        Some((frame[3], frame[4..].to_vec()))
+    }
+
+    /// Reads a varint at `pos`, advancing it.
+    fn read_varint(bytes: &[u8], pos: &mut usize) -> u64 {
+        let mut value = 0u64;
+        let mut shift = 0;
+        loop {
+            let byte = bytes[*pos];
+            *pos += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return value;
+            }
+            shift += 7;
+        }
+    }
+
+    /// The `seq_num` of `start` and `end` of an uncompressed `AppendAck`.
+    pub fn decode_ack_range(ack: &[u8]) -> (u64, u64) {
+        let (mut start, mut end) = (0, 0);
+        let mut pos = 0;
+        while pos < ack.len() {
+            let key = read_varint(ack, &mut pos);
+            let len = read_varint(ack, &mut pos) as usize;
+            let position = &ack[pos..pos + len];
+            pos += len;
+            // StreamPosition { seq_num = 1 (varint), timestamp = 2 }
+            let mut p = 0;
+            let mut seq_num = 0;
+            while p < position.len() {
+                let field = read_varint(position, &mut p);
+                let value = read_varint(position, &mut p);
+                if field >> 3 == 1 {
+                    seq_num = value;
+                }
+            }
+            match key >> 3 {
+                1 => start = seq_num,
+                2 => end = seq_num,
+                _ => {}
+            }
+        }
+        (start, end)
+    }
+
     /// `AppendInput { records: [AppendRecord { body }] }`, one record per body.
     pub fn encode_append_input(bodies: &[&[u8]]) -> Vec<u8> {
         let mut out = Vec::new();

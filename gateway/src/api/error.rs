@@ -96,7 +96,7 @@ impl From<Error> for ApiError {
             Error::Unavailable(_) | Error::ServerDraining => StatusCode::SERVICE_UNAVAILABLE,
             Error::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
         };
-        if status.is_server_error() {
+        if status.is_server_error() && !matches!(err, Error::ServerDraining) {
             tracing::warn!(code = err.code(), error = %err, "request failed");
         }
         Self::standard(status, err.code(), &err)
