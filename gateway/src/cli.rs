@@ -53,6 +53,15 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_REAP_INTERVAL_SECS", default_value_t = 5)]
     pub reap_interval_secs: u64,
 
+    /// PEM certificate chain: serve HTTPS (HTTP/2 and HTTP/1.1 via ALPN) instead of
+    /// cleartext. Requires --tls-key.
+    #[arg(long, env = "STREAMGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "STREAMGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
     /// Log filter, in `tracing` / RUST_LOG syntax (e.g. `info`, `streamgate=debug`).
     #[arg(long, env = "STREAMGATE_LOG", default_value = "info")]
     pub log: String,

@@ -3,6 +3,7 @@
 mod api;
 mod cli;
 mod server;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,6 +65,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .context("recovering streams")?;
 
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| {
@@ -73,7 +78,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             )
         })?;
     let addr = listener.local_addr()?;
-    print_banner(&args, addr, &metadata_path, &engine);
+    print_banner(&args, addr, tls.is_some(), &metadata_path, &engine);
 
     let (start_drain, drain) = api::sessions::Drain::new();
     let app = api::router(engine.clone(), drain);
@@ -83,7 +88,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         // with `server_draining`, read sessions end.
         let _ = start_drain.send(true);
     };
-    server::serve(listener, app, shutdown, Duration::from_secs(30)).await;
+    server::serve(listener, app, tls, shutdown, Duration::from_secs(30)).await;
     tracing::info!("draining: waiting for accepted appends to become durable");
     engine.shutdown().await;
     tracing::info!("stopped");
@@ -93,16 +98,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
 fn print_banner(
     args: &Args,
     addr: std::net::SocketAddr,
+    tls: bool,
     metadata: &std::path::Path,
     engine: &Engine,
 ) {
     let flush = engine.settings().flush;
-    let endpoint = format!("http://{addr}");
+    let (endpoint, protocols) = if tls {
+        (format!("https://{addr}"), "HTTP/2 and HTTP/1.1 over TLS")
+    } else {
+        (format!("http://{addr}"), "HTTP/1.1 and cleartext HTTP/2")
+    };
     println!(
         "streamgate {} listening on {endpoint}",
         env!("CARGO_PKG_VERSION")
     );
-    println!("  S2 REST API:   {endpoint}/v1   (HTTP/1.1 and cleartext HTTP/2)");
+    println!("  S2 REST API:   {endpoint}/v1   ({protocols})");
     println!("  data dir:      {}", args.data_dir.display());
     println!("  metadata:      SQLite {}", metadata.display());
     println!("  records:       {}", engine.describe_storage());

@@ -10,6 +10,17 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+fn spawn_connection<E: std::fmt::Display>(
+    connection: impl Future<Output = Result<(), E>> + Send + 'static,
+) {
+    tokio::spawn(async move {
+        if let Err(err) = connection.await {
+            tracing::debug!(error = %err, "connection ended with an error");
+        }
+    });
+}
 
 /// HTTP/2 windows: large enough that a client pipelining megabyte batches on one
 /// connection is limited by the disk, not by window updates.
@@ -17,10 +28,11 @@ const STREAM_WINDOW: u32 = 8 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 
 /// Serves `app` until `shutdown` resolves, then stops accepting, lets requests in flight
-/// finish (up to `drain_timeout`), and returns.
+/// finish (up to `drain_timeout`), and returns. With `tls`, every connection is TLS.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
     drain_timeout: Duration,
 ) {
@@ -47,13 +59,25 @@ pub async fn serve(
                 };
                 let _ = socket.set_nodelay(true);
                 let service = TowerToHyperService::new(app.clone());
-                let connection = builder.serve_connection_with_upgrades(TokioIo::new(socket), service);
-                let connection = graceful.watch(connection.into_owned());
-                tokio::spawn(async move {
-                    if let Err(err) = connection.await {
-                        tracing::debug!(error = %err, "connection ended with an error");
+                match &tls {
+                    None => {
+                        let connection = builder.serve_connection_with_upgrades(TokioIo::new(socket), service);
+                        spawn_connection(graceful.watch(connection.into_owned()));
                     }
-                });
+                    Some(tls) => {
+                        // The handshake runs in its own task so a slow client cannot stall accepts.
+                        let (tls, builder, watcher) = (tls.clone(), builder.clone(), graceful.watcher());
+                        tokio::spawn(async move {
+                            match tls.accept(socket).await {
+                                Ok(stream) => {
+                                    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                                    spawn_connection(watcher.watch(connection.into_owned()));
+                                }
+                                Err(err) => tracing::debug!(error = %err, "TLS handshake failed"),
+                            }
+                        });
+                    }
+                }
             }
             _ = &mut shutdown => break,
         }
