@@ -20,3 +20,6 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check -r compat/python/requirements.txt
 "$venv/bin/python" -m pytest -q compat/python
+
+echo "==> TypeScript SDK compatibility suite (Node.js)"
+(cd compat/node && npm ci --no-audit --no-fund --silent && node --test)
