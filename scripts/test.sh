@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs every streamgate test: the Rust suites (unit, engine, black-box HTTP, crash and
-# drain, Rust SDK compatibility) and the Python SDK compatibility suite.
-# Needs: a Rust toolchain and python3 (with venv). Installs the Python SDK into
-# .venv-compat on first use. Exits non-zero when any test fails.
+# Runs every streamgate test: the Rust suites (unit, engine, black-box HTTP, sessions,
+# crash and drain, Rust SDK and TLS compatibility), then the suites driven by the
+# official clients: the s2 CLI and the Python SDK (pytest), and the TypeScript SDK
+# (node --test). Needs a Rust toolchain, python3 with venv, and Node.js with npm.
+# Installs the s2 CLI into ~/.cargo/bin and the Python SDK into .venv-compat on first
+# use. Exits non-zero when any test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +15,18 @@ export STREAMGATE_BIN="$PWD/target/debug/streamgate"
 echo "==> Rust test suites"
 cargo test --locked --workspace
 
-echo "==> Python SDK compatibility suite"
+echo "==> the official s2 CLI"
+# Built once (about 12 minutes on two cores) into ~/.cargo/bin and reused afterwards.
+if [ -z "${S2_CLI:-}" ]; then
+  if ! command -v s2 >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/s2" ]; then
+    cargo install --locked s2-cli --version 0.43.4
+  fi
+  S2_CLI="$(command -v s2 || echo "$HOME/.cargo/bin/s2")"
+fi
+export S2_CLI
+"$S2_CLI" --version
+
+echo "==> Python SDK and s2 CLI compatibility suites"
 venv=.venv-compat
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"

@@ -43,6 +43,8 @@ pub async fn serve(
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(1024 * 1024 - 1)
+        // Many idle tailing read sessions may share one connection.
+        .max_concurrent_streams(Some(10_000))
         .keep_alive_interval(Some(Duration::from_secs(20)));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);

@@ -1,0 +1,151 @@
+//! `tail_bench`: append-to-delivery latency for live readers, and the server's memory
+//! per idle tailing reader. Prints numbers; asserts nothing.
+//!
+//!   cargo run --release -p streamgate-compat --bin tail_bench -- --readers 1,100,10000
+//!
+//! For each reader count, that many S2S read sessions (official Rust SDK) follow one
+//! stream; a writer appends one record every 10 ms carrying its send time, and every
+//! reader records how long each record took to reach it. Server memory is measured
+//! before and after the sessions open, while they are idle.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use futures::StreamExt;
+use s2_sdk::types::*;
+use s2_sdk::S2;
+use streamgate_compat::Server;
+use tokio::sync::Mutex;
+
+#[derive(Parser)]
+struct Args {
+    /// Reader counts to measure, comma-separated.
+    #[arg(long, default_value = "1,100,10000", value_delimiter = ',')]
+    readers: Vec<usize>,
+    /// Records appended (one every 10 ms) per reader count.
+    #[arg(long, default_value_t = 300)]
+    records: usize,
+    #[arg(long, default_value = "target/tail-bench-data")]
+    data_dir: std::path::PathBuf,
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse().ok())
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize] as f64 / 1000.0
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let _ = std::fs::remove_dir_all(&args.data_dir);
+    let server = Server::start(&args.data_dir);
+    let pid = server.pid().unwrap();
+    let config = S2Config::new("unused")
+        .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).unwrap())
+        .with_insecure_skip_cert_verification(true)
+        .with_request_timeout(Duration::from_secs(30));
+    let s2 = S2::new(config).unwrap();
+    let basin_name: BasinName = "tail-bench".parse().unwrap();
+    s2.create_basin(CreateBasinInput::new(basin_name.clone()))
+        .await
+        .unwrap();
+    let basin = s2.basin(basin_name);
+
+    for (round, &readers) in args.readers.iter().enumerate() {
+        let name: StreamName = format!("followed-{round}").parse().unwrap();
+        basin
+            .create_stream(CreateStreamInput::new(name.clone()))
+            .await
+            .unwrap();
+        let stream = basin.stream(name);
+        let rss_before = rss_kib(pid);
+        let latencies = Arc::new(Mutex::new(Vec::with_capacity(readers * args.records)));
+        let mut sessions = Vec::new();
+        for _ in 0..readers {
+            let input =
+                ReadInput::new().with_start(ReadStart::new().with_from(ReadFrom::SeqNum(0)));
+            sessions.push(
+                stream
+                    .read_session(input, ReadSessionConfig::new())
+                    .await
+                    .unwrap(),
+            );
+        }
+        // Let every session reach the tail and go idle, then weigh the server.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let rss_idle = rss_kib(pid);
+        let expected = args.records;
+        let mut tasks = Vec::new();
+        for mut session in sessions {
+            let latencies = latencies.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut seen = 0;
+                let mut mine = Vec::with_capacity(expected);
+                while seen < expected {
+                    let Some(Ok(batch)) = session.next().await else {
+                        break;
+                    };
+                    let arrived = now_micros();
+                    for record in batch.records {
+                        let sent = u64::from_be_bytes(record.body[..8].try_into().unwrap());
+                        mine.push(arrived.saturating_sub(sent));
+                        seen += 1;
+                    }
+                }
+                latencies.lock().await.extend(mine);
+            }));
+        }
+        let started = Instant::now();
+        let mut ack_latencies = Vec::new();
+        for _ in 0..args.records {
+            let body = now_micros().to_be_bytes().to_vec();
+            let input = AppendInput::new(
+                AppendRecordBatch::try_from_iter([AppendRecord::new(body).unwrap()]).unwrap(),
+            );
+            let sent = Instant::now();
+            stream.append(input).await.unwrap();
+            ack_latencies.push(sent.elapsed().as_micros() as u64);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for task in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(60), task).await;
+        }
+        let mut delivered = latencies.lock().await.clone();
+        delivered.sort_unstable();
+        ack_latencies.sort_unstable();
+        println!(
+            "{readers} tailing readers: append ack p50 {:.2} ms; delivery after append p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms ({} deliveries in {:.1} s); server RSS {} MiB -> {} MiB idle = {:.1} KiB per idle reader",
+            percentile(&ack_latencies, 0.5),
+            percentile(&delivered, 0.5),
+            percentile(&delivered, 0.99),
+            percentile(&delivered, 0.999),
+            delivered.len(),
+            started.elapsed().as_secs_f64(),
+            rss_before / 1024,
+            rss_idle / 1024,
+            (rss_idle.saturating_sub(rss_before)) as f64 / readers as f64,
+        );
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(&args.data_dir);
+}
