@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs the official `s2 bench` against streamgate and against `s2 lite --local-root`
+# (the reference server shipped in the same CLI) on this machine, one after the other,
+# at a saturating target and at 10 MiB/s. Both acknowledge only durable writes.
+#
+#   compat/bench/s2-bench-compare.sh [seconds]      (needs the s2 CLI and a release build)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+seconds="${1:-10}"
+s2="${S2_CLI:-$(command -v s2 || echo "$HOME/.cargo/bin/s2")}"
+work="$(mktemp -d "$PWD/target/s2-bench.XXXX")"
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+cargo build --release --quiet --bin streamgate
+
+run_bench() { # name port
+  export S2_ACCOUNT_ENDPOINT="http://127.0.0.1:$2" S2_BASIN_ENDPOINT="http://127.0.0.1:$2"
+  export S2_ACCESS_TOKEN=unused NO_COLOR=1
+  "$s2" create-basin "bench-$1" >/dev/null 2>&1 || true
+  for target in 1000 10; do
+    echo "### $1, target ${target} MiB/s, 8 KiB records, ${seconds}s"
+    "$s2" bench "bench-$1" --duration "${seconds}s" --target-mibps "$target" --record-size 8192 --catchup-delay 0s 2>&1 \
+      | grep -E "^(Write|Read|Catchup)|min |p50|p90|p99|max |Statistics"
+  done
+}
+
+target/release/streamgate --data-dir "$work/streamgate" --listen 127.0.0.1:18080 --log warn >/dev/null &
+sleep 2
+run_bench streamgate 18080
+kill %1; wait %1 2>/dev/null || true
+
+"$s2" lite --local-root "$work/lite" --port 18081 >/dev/null 2>&1 &
+sleep 3
+run_bench s2-lite 18081
