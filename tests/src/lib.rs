@@ -159,6 +159,33 @@ impl Drop for Server {
     }
 }
 
+/// Creates `basin` (if it does not exist yet) and each of `streams` in it, over REST.
+pub async fn create_streams(endpoint: &str, basin: &str, streams: &[&str]) {
+    let client = reqwest::Client::new();
+    let status = client
+        .post(format!("{endpoint}/v1/basins"))
+        .json(&serde_json::json!({ "basin": basin }))
+        .send()
+        .await
+        .expect("creating the basin")
+        .status();
+    assert!(
+        status == 201 || status == 409,
+        "creating basin {basin}: {status}"
+    );
+    for stream in streams {
+        let status = client
+            .post(format!("{endpoint}/v1/streams"))
+            .header("s2-basin", basin)
+            .json(&serde_json::json!({ "stream": stream }))
+            .send()
+            .await
+            .expect("creating a stream")
+            .status();
+        assert_eq!(status, 201, "creating stream {stream}");
+    }
+}
+
 /// A minimal protobuf writer for `s2.v1.AppendInput`, written from the spec's field
 /// numbers, so tests and benchmarks check the server against the wire format rather
 /// than against the server's own types.

@@ -164,25 +164,9 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
     let mut server = Server::start(dir.path());
     let client = Client::new();
     let endpoint = server.endpoint.clone();
-    let status = client
-        .post(format!("{endpoint}/v1/basins"))
-        .json(&json!({"basin": BASIN}))
-        .send()
-        .await
-        .unwrap()
-        .status();
-    assert_eq!(status, 201);
-    for s in 0..STREAMS {
-        let status = client
-            .post(format!("{endpoint}/v1/streams"))
-            .header("s2-basin", BASIN)
-            .json(&json!({"stream": format!("s{s}")}))
-            .send()
-            .await
-            .unwrap()
-            .status();
-        assert_eq!(status, 201);
-    }
+    let streams: Vec<String> = (0..STREAMS).map(|s| format!("s{s}")).collect();
+    let names: Vec<&str> = streams.iter().map(String::as_str).collect();
+    streamgate_tests::create_streams(&endpoint, BASIN, &names).await;
 
     let history = Arc::new(Mutex::new(History::default()));
     for round in 0..iterations {
@@ -231,19 +215,7 @@ async fn sigterm_drains_and_acknowledged_records_survive() {
     let mut server = Server::start(dir.path());
     let client = Client::new();
     let endpoint = server.endpoint.clone();
-    client
-        .post(format!("{endpoint}/v1/basins"))
-        .json(&json!({"basin": BASIN}))
-        .send()
-        .await
-        .unwrap();
-    client
-        .post(format!("{endpoint}/v1/streams"))
-        .header("s2-basin", BASIN)
-        .json(&json!({"stream": "s0"}))
-        .send()
-        .await
-        .unwrap();
+    streamgate_tests::create_streams(&endpoint, BASIN, &["s0"]).await;
     let history = Arc::new(Mutex::new(History::default()));
     let clients: Vec<_> = (0..4)
         .map(|id| {

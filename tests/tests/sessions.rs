@@ -12,23 +12,8 @@ use streamgate_tests::{wire, Server};
 const BASIN: &str = "session-test";
 
 async fn setup(endpoint: &str, stream: &str) -> Client {
-    let client = Client::new();
-    client
-        .post(format!("{endpoint}/v1/basins"))
-        .json(&json!({"basin": BASIN}))
-        .send()
-        .await
-        .unwrap();
-    let status = client
-        .post(format!("{endpoint}/v1/streams"))
-        .header("s2-basin", BASIN)
-        .json(&json!({"stream": stream}))
-        .send()
-        .await
-        .unwrap()
-        .status();
-    assert_eq!(status, 201);
-    client
+    streamgate_tests::create_streams(endpoint, BASIN, &[stream]).await;
+    Client::new()
 }
 
 async fn append(client: &Client, endpoint: &str, stream: &str, bodies: &[&str]) {
@@ -299,6 +284,61 @@ impl SseReader {
             self.text.push_str(std::str::from_utf8(&chunk).unwrap());
         }
     }
+}
+
+#[tokio::test]
+async fn an_s2s_append_session_works_over_http1_with_one_batch_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let endpoint = server.endpoint.clone();
+    setup(&endpoint, "h1").await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let h1 = Client::builder().http1_only().build().unwrap();
+    let request = h1
+        .post(format!("{endpoint}/v1/streams/h1/records"))
+        .header("s2-basin", BASIN)
+        .header("content-type", "s2s/proto")
+        .body(reqwest::Body::wrap_stream(tokio_stream(rx)));
+    // The first input goes out with the request, as a browser's would.
+    let first = wire::s2s_frame(&wire::encode_append_input(&[b"h1-0"]));
+    tx.send(Ok(first)).await.unwrap();
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.version(), reqwest::Version::HTTP_11);
+    let mut frames = response.bytes_stream();
+    let mut buffer = Vec::new();
+    for i in 0..5u64 {
+        // Wait for the ack of input i before sending input i + 1.
+        let (flags, ack) = loop {
+            if let Some(frame) = wire::take_s2s_frame(&mut buffer) {
+                break frame;
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(10), frames.next())
+                .await
+                .unwrap()
+                .unwrap();
+            buffer.extend_from_slice(&chunk.unwrap());
+        };
+        assert_eq!(flags & 0x80, 0, "an ack, not a terminal frame");
+        assert_eq!(wire::decode_ack_range(&ack), (i, i + 1));
+        if i < 4 {
+            let body = format!("h1-{}", i + 1);
+            tx.send(Ok(wire::s2s_frame(&wire::encode_append_input(&[
+                body.as_bytes()
+            ]))))
+            .await
+            .unwrap();
+        }
+    }
+    drop(tx);
+    // The client ended its side: the server ends the response without a terminal frame.
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), frames.next())
+        .await
+        .unwrap()
+    {
+        buffer.extend_from_slice(&chunk.unwrap());
+    }
+    assert!(buffer.is_empty(), "nothing after the last ack");
 }
 
 fn tokio_stream<T: Send + 'static>(
