@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the official `s2 bench` against streamgate and against `s2 lite --local-root`
 # (the reference server shipped in the same CLI) on this machine, one after the other,
-# at a saturating target and at 10 MiB/s. Both acknowledge only durable writes.
+# at a saturating target (8 KiB and 1 KiB records) and at 10 MiB/s. Both acknowledge only durable writes.
 #
 #   compat/bench/s2-bench-compare.sh [seconds]      (needs the s2 CLI and a release build)
 set -euo pipefail
@@ -16,9 +16,10 @@ run_bench() { # name port
   export S2_ACCOUNT_ENDPOINT="http://127.0.0.1:$2" S2_BASIN_ENDPOINT="http://127.0.0.1:$2"
   export S2_ACCESS_TOKEN=unused NO_COLOR=1
   "$s2" create-basin "bench-$1" >/dev/null 2>&1 || true
-  for target in 1000 10; do
-    echo "### $1, target ${target} MiB/s, 8 KiB records, ${seconds}s"
-    "$s2" bench "bench-$1" --duration "${seconds}s" --target-mibps "$target" --record-size 8192 --catchup-delay 0s 2>&1 \
+  for run in "1000 8192" "1000 1024" "10 8192"; do
+    set -- "$1" $run
+    echo "### $1, target $2 MiB/s, $3-byte records, ${seconds}s"
+    "$s2" bench "bench-$1" --duration "${seconds}s" --target-mibps "$2" --record-size "$3" --catchup-delay 0s 2>&1 \
       | grep -E "^(Write|Read|Catchup)|min |p50|p90|p99|max |Statistics"
   done
 }
