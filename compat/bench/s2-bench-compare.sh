@@ -24,7 +24,7 @@ run_bench() { # name port
   done
 }
 
-target/release/streamgate --data-dir "$work/streamgate" --listen 127.0.0.1:18080 --log warn >/dev/null &
+target/release/streamgate --data-dir "$work/streamgate" --listen 127.0.0.1:18080 --resp-listen off --log warn >/dev/null &
 sleep 2
 run_bench streamgate 18080
 kill %1; wait %1 2>/dev/null || true

@@ -1,38 +1,11 @@
 // The TypeScript SDK (@s2-dev/streamstore, on Node.js: S2S sessions over HTTP/2)
 // against the real streamgate binary, which STREAMGATE_BIN names.
-import { test, after } from "node:test";
+import { test } from "node:test";
+import { startServer } from "./server.mjs";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { mkdtempSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { AppendInput, AppendRecord, S2 } from "@s2-dev/streamstore";
 
-async function startServer() {
-	const binary = process.env.STREAMGATE_BIN;
-	assert.ok(binary, "set STREAMGATE_BIN to a built streamgate binary (scripts/test.sh does)");
-	const dataDir = mkdtempSync(join(tmpdir(), "streamgate-node-"));
-	const child = spawn(binary, ["--data-dir", dataDir, "--listen", "127.0.0.1:0"], {
-		stdio: ["ignore", "pipe", "inherit"],
-		env: { ...process.env, STREAMGATE_LOG: "warn" },
-	});
-	const endpoint = await new Promise((resolve, reject) => {
-		let text = "";
-		const timer = setTimeout(() => reject(new Error("streamgate did not start")), 60_000);
-		child.stdout.on("data", (chunk) => {
-			text += chunk;
-			const match = text.match(/ listening on (\S+)/);
-			if (match) {
-				clearTimeout(timer);
-				resolve(match[1]);
-			}
-		});
-	});
-	after(() => child.kill("SIGKILL"));
-	return endpoint;
-}
-
-const endpoint = await startServer();
+const { endpoint } = await startServer();
 const s2 = new S2({
 	accessToken: "unused",
 	endpoints: { account: endpoint, basin: endpoint },

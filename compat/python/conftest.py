@@ -1,44 +1,62 @@
-"""Starts the real streamgate binary for the Python SDK suite.
+"""Starts the real streamgate binary for the client suites.
 
 The binary comes from STREAMGATE_BIN (the test script builds it); each test gets a fresh
-server on a free port with its own data directory.
+server on free ports with its own data directory.
 """
 
 import os
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 
 import pytest
 
 
+@dataclass
+class Streamgate:
+    endpoint: str
+    resp_port: int
+
+
 @pytest.fixture
-def endpoint():
+def server():
     binary = os.environ.get("STREAMGATE_BIN")
     if not binary or not os.path.exists(binary):
         pytest.fail("set STREAMGATE_BIN to a built streamgate binary (scripts/test.sh does)")
     with tempfile.TemporaryDirectory() as data_dir:
         proc = subprocess.Popen(
-            [binary, "--data-dir", data_dir, "--listen", "127.0.0.1:0", "--reap-interval-secs", "1"],
+            [binary, "--data-dir", data_dir, "--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0",
+             "--reap-interval-secs", "1"],
             stdout=subprocess.PIPE,
             stderr=None,
             text=True,
+            env=dict(os.environ, STREAMGATE_LOG="warn"),
         )
-        found = threading.Event()
-        address = {}
+        ready = threading.Event()
+        found = {}
 
         def watch():
+            # The banner names the HTTP endpoint, then RESP, and ends with the s2 CLI lines.
             for line in proc.stdout:
-                if " listening on " in line and not found.is_set():
-                    address["url"] = line.split(" listening on ", 1)[1].strip()
-                    found.set()
+                if " listening on " in line:
+                    found["endpoint"] = line.split(" listening on ", 1)[1].strip()
+                elif line.strip().startswith("RESP:"):
+                    found["resp_port"] = int(line.split()[1].rsplit(":", 1)[1])
+                elif line.startswith("Point the s2 CLI"):
+                    ready.set()
 
         threading.Thread(target=watch, daemon=True).start()
-        if not found.wait(60):
+        if not ready.wait(60):
             proc.kill()
-            pytest.fail("streamgate did not report its address")
+            pytest.fail("streamgate did not report its addresses")
         try:
-            yield address["url"]
+            yield Streamgate(found["endpoint"], found["resp_port"])
         finally:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def endpoint(server):
+    return server.endpoint

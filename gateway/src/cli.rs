@@ -17,6 +17,15 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 
+    /// Address for the RESP (Redis Streams) listener; `off` disables it.
+    #[arg(long, env = "STREAMGATE_RESP_LISTEN", default_value = "127.0.0.1:6380")]
+    pub resp_listen: String,
+
+    /// Basin for RESP connections over plain TCP whose AUTH names no basin (username
+    /// `default`). With TLS, the SNI host name `{basin}.…` names the basin instead.
+    #[arg(long, env = "STREAMGATE_RESP_DEFAULT_BASIN")]
+    pub resp_default_basin: Option<String>,
+
     /// Directory for the embedded default storage (and anything else kept on disk).
     #[arg(long, env = "STREAMGATE_DATA_DIR", default_value = "./streamgate-data")]
     pub data_dir: PathBuf,

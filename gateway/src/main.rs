@@ -78,9 +78,46 @@ async fn run(args: Args) -> anyhow::Result<()> {
             )
         })?;
     let addr = listener.local_addr()?;
-    print_banner(&args, addr, tls.is_some(), &metadata_path, &engine);
+    let resp_listener = match args.resp_listen.as_str() {
+        "off" | "" => None,
+        listen => {
+            let listen: std::net::SocketAddr = listen.parse().with_context(|| {
+                format!("--resp-listen: `{listen}` is not an address (or `off`)")
+            })?;
+            Some(tokio::net::TcpListener::bind(listen).await.with_context(|| {
+                format!("cannot listen for RESP on {listen}; pick another with --resp-listen, or `off`")
+            })?)
+        }
+    };
+    let resp_settings = streamgate_resp::RespSettings {
+        default_basin: match &args.resp_default_basin {
+            Some(name) => Some(
+                streamgate_core::names::BasinName::new(name.as_str())
+                    .map_err(|e| anyhow::anyhow!("--resp-default-basin: {e}"))?,
+            ),
+            None => None,
+        },
+    };
+    let resp_addr = resp_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+    print_banner(
+        &args,
+        addr,
+        resp_addr,
+        tls.is_some(),
+        &metadata_path,
+        &engine,
+    );
 
     let (start_drain, drain) = api::sessions::Drain::new();
+    let resp_task = resp_listener.map(|listener| {
+        tokio::spawn(streamgate_resp::serve(
+            listener,
+            engine.clone(),
+            resp_settings,
+            tls.clone(),
+            start_drain.subscribe(),
+        ))
+    });
     let app = api::router(engine.clone(), drain);
     let shutdown = async move {
         shutdown_signal().await;
@@ -89,6 +126,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let _ = start_drain.send(true);
     };
     server::serve(listener, app, tls, shutdown, Duration::from_secs(30)).await;
+    if let Some(task) = resp_task {
+        let _ = task.await;
+    }
     tracing::info!("draining: waiting for accepted appends to become durable");
     engine.shutdown().await;
     tracing::info!("stopped");
@@ -98,6 +138,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 fn print_banner(
     args: &Args,
     addr: std::net::SocketAddr,
+    resp: Option<std::net::SocketAddr>,
     tls: bool,
     metadata: &std::path::Path,
     engine: &Engine,
@@ -113,6 +154,14 @@ fn print_banner(
         env!("CARGO_PKG_VERSION")
     );
     println!("  S2 REST API:   {endpoint}/v1   ({protocols})");
+    if let Some(resp) = resp {
+        let (scheme, how) = if tls {
+            ("rediss", "TLS; the SNI host name {basin}.… names the basin")
+        } else {
+            ("redis", "AUTH <basin> <token> names the basin")
+        };
+        println!("  RESP:          {scheme}://{resp}   (Redis Streams; {how})");
+    }
     println!("  data dir:      {}", args.data_dir.display());
     println!("  metadata:      SQLite {}", metadata.display());
     println!("  records:       {}", engine.describe_storage());

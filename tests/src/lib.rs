@@ -55,7 +55,10 @@ pub struct Server {
     extra_args: Vec<String>,
     /// `http://127.0.0.1:PORT`
     pub endpoint: String,
+    /// The RESP listener's port.
+    pub resp_port: u16,
     port: u16,
+    resp_listen: u16,
 }
 
 impl Server {
@@ -71,7 +74,9 @@ impl Server {
             data_dir: data_dir.to_path_buf(),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             endpoint: String::new(),
+            resp_port: 0,
             port: 0,
+            resp_listen: 0,
         };
         server.spawn();
         server
@@ -84,6 +89,8 @@ impl Server {
             .arg(&self.data_dir)
             .arg("--listen")
             .arg(&listen)
+            .arg("--resp-listen")
+            .arg(format!("127.0.0.1:{}", self.resp_listen))
             .arg("--reap-interval-secs")
             .arg("1")
             .args(&self.extra_args)
@@ -98,17 +105,31 @@ impl Server {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            // The banner names the HTTP endpoint first, then the RESP one, and ends with
+            // the lines for the s2 CLI.
+            let (mut endpoint, mut resp) = (String::new(), 0u16);
             let mut lines = BufReader::new(stdout).lines();
             while let Some(Ok(line)) = lines.next() {
                 if let Some(rest) = line.split(" listening on ").nth(1) {
-                    let _ = tx.send(rest.trim().to_owned());
+                    endpoint = rest.trim().to_owned();
+                } else if let Some(rest) = line.trim().strip_prefix("RESP:") {
+                    let address = rest.split_whitespace().next().unwrap_or("");
+                    resp = address
+                        .rsplit(':')
+                        .next()
+                        .and_then(|p| p.parse().ok())
+                        .unwrap_or(0);
+                } else if line.starts_with("Point the s2 CLI") {
+                    let _ = tx.send((endpoint.clone(), resp));
                 }
             }
         });
-        let endpoint = rx
+        let (endpoint, resp_port) = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("streamgate did not report its address within 60 s");
         self.port = endpoint.rsplit(':').next().unwrap().parse().unwrap();
+        self.resp_port = resp_port;
+        self.resp_listen = resp_port;
         self.endpoint = endpoint;
         self.child = Some(child);
     }

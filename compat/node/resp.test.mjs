@@ -1,0 +1,80 @@
+// node-redis and ioredis running the Redis Streams page's program against streamgate's
+// RESP listener: append three entries, page with XRANGE (last-id, tail with XREAD BLOCK
+// on a dedicated connection.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { createClient } from "redis";
+import Redis from "ioredis";
+import { startServer } from "./server.mjs";
+
+const { endpoint, respPort } = await startServer();
+const basin = "node-resp-basin";
+const created = await fetch(`${endpoint}/v1/basins`, {
+	method: "POST",
+	headers: { "content-type": "application/json" },
+	body: JSON.stringify({ basin, config: { create_stream_on_append: true } }),
+});
+assert.equal(created.status, 201);
+
+test("node-redis: append, page, tail", async () => {
+	const client = createClient({ socket: { host: "127.0.0.1", port: respPort }, username: basin, password: "token" });
+	await client.connect();
+	const stream = "node-redis-events";
+	const ids = [];
+	for (let i = 0; i < 3; i++) {
+		ids.push(await client.xAdd(stream, "*", { kind: "example", n: String(i) }));
+	}
+	assert.deepEqual(ids.map((id) => id.split("-")[1]), ["0", "1", "2"]);
+	const read = [];
+	let start = "-";
+	let lastId = null;
+	while (true) {
+		const page = await client.xRange(stream, start, "+", { COUNT: 2 });
+		if (page.length === 0) break;
+		read.push(...page);
+		lastId = page.at(-1).id;
+		start = `(${lastId}`;
+	}
+	assert.deepEqual(read.map((e) => e.id), ids);
+	assert.deepEqual({ ...read[2].message }, { kind: "example", n: "2" });
+
+	const tail = client.duplicate();
+	await tail.connect();
+	const pending = tail.xRead({ key: stream, id: lastId }, { COUNT: 100, BLOCK: 10_000 });
+	setTimeout(() => client.xAdd(stream, "*", { kind: "late" }), 300);
+	const reply = await pending;
+	assert.equal(reply[0].name, stream);
+	assert.deepEqual({ ...reply[0].messages[0].message }, { kind: "late" });
+	await tail.quit();
+	await client.quit();
+});
+
+test("ioredis: append, page, tail", async () => {
+	const redis = new Redis({ host: "127.0.0.1", port: respPort, username: basin, password: "token" });
+	const stream = "ioredis-events";
+	const ids = [];
+	for (let i = 0; i < 3; i++) {
+		ids.push(await redis.xadd(stream, "*", "kind", "example", "n", String(i)));
+	}
+	let start = "-";
+	let lastId = null;
+	const read = [];
+	while (true) {
+		const page = await redis.xrange(stream, start, "+", "COUNT", 100);
+		if (page.length === 0) break;
+		read.push(...page);
+		lastId = page.at(-1)[0];
+		start = `(${lastId}`;
+	}
+	assert.deepEqual(read.map(([id]) => id), ids);
+	assert.deepEqual(read[0][1], ["kind", "example", "n", "0"]);
+
+	const tail = redis.duplicate();
+	const pending = tail.xread("COUNT", 100, "BLOCK", 10_000, "STREAMS", stream, lastId);
+	setTimeout(() => redis.xadd(stream, "*", "kind", "late"), 300);
+	const reply = await pending;
+	assert.equal(reply[0][0], stream);
+	assert.deepEqual(reply[0][1][0][1], ["kind", "late"]);
+	tail.disconnect();
+	redis.disconnect();
+});

@@ -1,0 +1,261 @@
+//! One RESP connection: buffered framing, pipelining, and the order of replies.
+//!
+//! Pipelined XADDs to the same stream are gathered into one engine append (up to the
+//! batch limits) and acknowledged together once durable. Any other command first waits
+//! for the XADDs before it, so it sees their effects; replies always go out in request
+//! order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::future::BoxFuture;
+use futures::stream::{FuturesOrdered, StreamExt};
+use redis_protocol::resp2::types::BytesFrame;
+use streamgate_core::names::BasinName;
+use streamgate_core::Engine;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::command::{self, Command};
+use crate::exec::{Session, XaddBatch};
+use crate::reply::Reply;
+use crate::RespSettings;
+
+/// Largest command accepted.
+const MAX_COMMAND_BYTES: usize = 2 * 1024 * 1024;
+/// A command must arrive in full within this long.
+const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Replies still to be written, in request order; each item is the replies of one or
+/// more commands, and whether the connection must close after them.
+type Pending = FuturesOrdered<BoxFuture<'static, (Vec<Reply>, bool)>>;
+
+pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    engine: Engine,
+    settings: Arc<RespSettings>,
+    sni_basin: Option<BasinName>,
+    id: u64,
+    mut shutdown: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let mut session = Session::new(engine, settings, sni_basin, id);
+    let mut input = BytesMut::with_capacity(16 * 1024);
+    let mut output = BytesMut::with_capacity(16 * 1024);
+    let mut pending: Pending = FuturesOrdered::new();
+    let mut batch: Option<XaddBatch> = None;
+    let mut partial_since: Option<tokio::time::Instant> = None;
+
+    loop {
+        // Run every complete command in the buffer.
+        loop {
+            let args = match next_command(&mut input) {
+                Ok(Some(args)) => args,
+                Ok(None) => break,
+                Err(message) => {
+                    flush_batch(&mut session, &mut batch, &mut pending).await;
+                    drain(&mut pending, session.resp3, &mut output).await;
+                    Reply::error(message).encode(session.resp3, &mut output);
+                    stream.write_all(&output).await?;
+                    return Ok(()); // the stream cannot be resynchronised
+                }
+            };
+            let command = command::parse(args);
+            // Gather pipelined XADDs per stream.
+            if let Ok(Command::XAdd {
+                key,
+                nomkstream: false,
+                trim: None,
+                fields,
+            }) = &command
+            {
+                if session.authenticated() {
+                    if let Some(current) = &mut batch {
+                        if current.accepts(key, fields) {
+                            current.push(fields.clone());
+                            continue;
+                        }
+                    }
+                    flush_batch(&mut session, &mut batch, &mut pending).await;
+                    match XaddBatch::start(key.clone(), fields.clone()) {
+                        Ok(started) => batch = Some(started),
+                        Err(reply) => {
+                            pending.push_back(Box::pin(async move { (vec![reply], false) }))
+                        }
+                    }
+                    continue;
+                }
+            }
+            flush_batch(&mut session, &mut batch, &mut pending).await;
+            // Other commands run after the XADDs before them are durable.
+            if drain(&mut pending, session.resp3, &mut output).await {
+                stream.write_all(&output).await?;
+                return Ok(());
+            }
+            let (reply, close) = match command {
+                Ok(command) => session.execute(command, &mut shutdown).await,
+                Err(message) => (Reply::error(message), false),
+            };
+            reply.encode(session.resp3, &mut output);
+            if close {
+                stream.write_all(&output).await?;
+                return Ok(());
+            }
+        }
+        flush_batch(&mut session, &mut batch, &mut pending).await;
+        if !output.is_empty() {
+            stream.write_all(&output).await?;
+            output.clear();
+        }
+
+        partial_since = match (input.is_empty(), partial_since) {
+            (true, _) => None,
+            (false, None) => Some(tokio::time::Instant::now()),
+            (false, since) => since,
+        };
+        let arrival_deadline = partial_since.map(|since| since + ARRIVAL_TIMEOUT);
+        tokio::select! {
+            Some((replies, close)) = pending.next(), if !pending.is_empty() => {
+                for reply in &replies {
+                    reply.encode(session.resp3, &mut output);
+                }
+                stream.write_all(&output).await?;
+                output.clear();
+                if close {
+                    return Ok(());
+                }
+            }
+            read = stream.read_buf(&mut input) => {
+                if read? == 0 {
+                    // The client closed its side: finish what it sent, then stop.
+                    drain(&mut pending, session.resp3, &mut output).await;
+                    let _ = stream.write_all(&output).await;
+                    return Ok(());
+                }
+            }
+            _ = sleep_until(arrival_deadline) => {
+                Reply::error("ERR the command did not arrive in full within 30 seconds").encode(session.resp3, &mut output);
+                stream.write_all(&output).await?;
+                return Ok(());
+            }
+            _ = crate::stopped(&mut shutdown), if pending.is_empty() => {
+                return Ok(());
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Submits the gathered XADDs as one append; its replies join the queue.
+async fn flush_batch(session: &mut Session, batch: &mut Option<XaddBatch>, pending: &mut Pending) {
+    if let Some(batch) = batch.take() {
+        pending.push_back(session.submit_xadds(batch).await);
+    }
+}
+
+/// Writes every queued reply into `output`, waiting for each. Returns whether the
+/// connection must close.
+async fn drain(pending: &mut Pending, resp3: bool, output: &mut BytesMut) -> bool {
+    let mut close = false;
+    while let Some((replies, must_close)) = pending.next().await {
+        for reply in &replies {
+            reply.encode(resp3, output);
+        }
+        close |= must_close;
+    }
+    close
+}
+
+/// The next whole command in `input` as its arguments, `Ok(None)` if more bytes are
+/// needed, or an error that ends the connection.
+fn next_command(input: &mut BytesMut) -> Result<Option<Vec<Bytes>>, String> {
+    if input.is_empty() {
+        return Ok(None);
+    }
+    if input[0] != b'*' {
+        return inline_command(input);
+    }
+    match redis_protocol::resp2::decode::decode_bytes_mut(input) {
+        Ok(Some((frame, _, _))) => match frame {
+            BytesFrame::Array(items) => items
+                .into_iter()
+                .map(|item| match item {
+                    BytesFrame::BulkString(b) | BytesFrame::SimpleString(b) => Ok(b),
+                    BytesFrame::Integer(i) => Ok(Bytes::from(i.to_string())),
+                    _ => Err("ERR Protocol error: commands are arrays of bulk strings".to_string()),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            _ => Err("ERR Protocol error: commands are arrays of bulk strings".into()),
+        },
+        Ok(None) if input.len() > MAX_COMMAND_BYTES => Err(format!(
+            "ERR Protocol error: a command may be at most {MAX_COMMAND_BYTES} bytes"
+        )),
+        Ok(None) => Ok(None),
+        Err(err) => Err(format!("ERR Protocol error: {err}")),
+    }
+}
+
+/// Inline commands (`PING\r\n`), as typed into a raw TCP session.
+fn inline_command(input: &mut BytesMut) -> Result<Option<Vec<Bytes>>, String> {
+    let Some(end) = input.iter().position(|&b| b == b'\n') else {
+        if input.len() > 64 * 1024 {
+            return Err("ERR Protocol error: too big inline request".into());
+        }
+        return Ok(None);
+    };
+    let line = input.split_to(end + 1);
+    let text = String::from_utf8_lossy(&line);
+    let args: Vec<Bytes> = text
+        .split_whitespace()
+        .map(|w| Bytes::copy_from_slice(w.as_bytes()))
+        .collect();
+    if args.is_empty() {
+        return next_command(input);
+    }
+    Ok(Some(args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_split_across_reads_and_coalesced_in_one() {
+        let wire = b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n*1\r\n$4\r\nPING\r\n";
+        let mut input = BytesMut::new();
+        let mut commands = Vec::new();
+        for byte in wire.iter() {
+            input.extend_from_slice(&[*byte]);
+            while let Some(args) = next_command(&mut input).unwrap() {
+                commands.push(args);
+            }
+        }
+        assert_eq!(commands.len(), 2);
+        assert_eq!(commands[0], vec![Bytes::from("ECHO"), Bytes::from("hi")]);
+        let mut both = BytesMut::from(&wire[..]);
+        assert_eq!(next_command(&mut both).unwrap().unwrap().len(), 2);
+        assert_eq!(next_command(&mut both).unwrap().unwrap().len(), 1);
+        assert_eq!(next_command(&mut both).unwrap(), None);
+    }
+
+    #[test]
+    fn malformed_and_inline_input() {
+        let mut garbage = BytesMut::from(&b"*1\r\n:x\r\n"[..]);
+        assert!(next_command(&mut garbage).is_err());
+        let mut inline = BytesMut::from(&b"PING hello\r\n"[..]);
+        assert_eq!(
+            next_command(&mut inline).unwrap().unwrap(),
+            vec![Bytes::from("PING"), Bytes::from("hello")]
+        );
+        let mut oversized = BytesMut::from(&b"*1\r\n$3000000\r\n"[..]);
+        oversized.extend_from_slice(&vec![b'a'; MAX_COMMAND_BYTES]);
+        assert!(next_command(&mut oversized).is_err());
+    }
+}

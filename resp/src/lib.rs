@@ -1,0 +1,117 @@
+//! streamgate-resp: Redis Streams over RESP2/RESP3, on the streamgate engine.
+//!
+//! One task per connection (`connection`), commands parsed into [`command::Command`]
+//! and executed against the engine (`exec`), entries encoded as the Redis Streams
+//! integration page defines (`entry`), replies encoded per protocol (`reply`).
+
+pub mod command;
+mod connection;
+pub mod entry;
+mod exec;
+pub mod reply;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use streamgate_core::names::BasinName;
+use streamgate_core::Engine;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+/// How the RESP listener picks a connection's basin.
+#[derive(Debug, Clone, Default)]
+pub struct RespSettings {
+    /// Basin for plain-TCP connections whose AUTH names none (username `default` or none).
+    pub default_basin: Option<BasinName>,
+}
+
+/// Accepts connections until `shutdown` turns true, then asks every connection to
+/// finish and close.
+pub async fn serve(
+    listener: TcpListener,
+    engine: Engine,
+    settings: RespSettings,
+    tls: Option<TlsAcceptor>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let settings = Arc::new(settings);
+    let next_id = Arc::new(AtomicU64::new(1));
+    loop {
+        let (socket, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    tracing::warn!(error = %err, "accepting a RESP connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped(&mut shutdown) => return,
+        };
+        let _ = socket.set_nodelay(true);
+        let (engine, settings, tls, shutdown) = (
+            engine.clone(),
+            settings.clone(),
+            tls.clone(),
+            shutdown.clone(),
+        );
+        let id = next_id.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let result = match tls {
+                None => connection::run(socket, engine, settings, None, id, shutdown).await,
+                Some(tls) => match tls.accept(socket).await {
+                    Ok(stream) => {
+                        let sni = stream.get_ref().1.server_name().map(str::to_owned);
+                        match sni.as_deref().and_then(basin_from_sni) {
+                            Some(basin) => {
+                                connection::run(stream, engine, settings, Some(basin), id, shutdown)
+                                    .await
+                            }
+                            None => {
+                                tracing::debug!(%peer, ?sni, "RESP TLS connection without a basin in SNI refused");
+                                Ok(())
+                            }
+                        }
+                    }
+                    Err(err) => {
+                        tracing::debug!(%peer, error = %err, "RESP TLS handshake failed");
+                        Ok(())
+                    }
+                },
+            };
+            if let Err(err) = result {
+                tracing::debug!(%peer, error = %err, "RESP connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Resolves once `shutdown` turns true (holding no borrow of it afterwards).
+pub(crate) async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// `{basin}.anything` → the basin.
+fn basin_from_sni(host: &str) -> Option<BasinName> {
+    let (first, rest) = host.split_once('.')?;
+    if rest.is_empty() {
+        return None;
+    }
+    BasinName::new(first).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sni_names_the_basin() {
+        assert_eq!(
+            super::basin_from_sni("my-basin.r.example.com")
+                .unwrap()
+                .as_str(),
+            "my-basin"
+        );
+        assert!(super::basin_from_sni("localhost").is_none());
+        assert!(super::basin_from_sni("Bad_Basin.r.x").is_none());
+    }
+}
