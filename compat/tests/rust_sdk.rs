@@ -243,14 +243,32 @@ async fn append_read_and_check_tail_with_every_selector_and_bound() {
         2,
         "each record meters 10 bytes"
     );
-    let until = read_from(ReadFrom::SeqNum(0)).with_stop(ReadStop::new().with_until(..ts));
-    assert!(stream
-        .read(until)
+    // `until` and timestamp starts with explicit, distinct client timestamps (in the
+    // past, so not capped).
+    let timed: Vec<AppendRecord> = (0..4u64)
+        .map(|i| {
+            AppendRecord::new(format!("t{i}"))
+                .unwrap()
+                .with_timestamp(1_000 + i)
+        })
+        .collect();
+    let (_, timed_stream) = new_stream(&s2, "sdk-records", "timed").await;
+    timed_stream
+        .append(AppendInput::new(
+            AppendRecordBatch::try_from_iter(timed).unwrap(),
+        ))
         .await
-        .unwrap()
-        .records
-        .iter()
-        .all(|r| r.timestamp < ts));
+        .unwrap();
+    let until = read_from(ReadFrom::SeqNum(0)).with_stop(ReadStop::new().with_until(..1_002));
+    assert_eq!(
+        bodies(&timed_stream.read(until).await.unwrap()),
+        ["t0", "t1"]
+    );
+    let by_ts = read_from(ReadFrom::Timestamp(1_001));
+    assert_eq!(
+        bodies(&timed_stream.read(by_ts).await.unwrap()),
+        ["t1", "t2", "t3"]
+    );
 
     // Beyond the tail: ReadUnwritten with the tail, unless clamped (and then it waits).
     let err = stream

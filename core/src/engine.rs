@@ -249,20 +249,26 @@ impl Engine {
         if basin.deleted_at.is_some() {
             return Ok(());
         }
-        self.inner
-            .metadata
-            .mark_basin_deleted(name, now_utc())
-            .await?;
-        let mut streams = self.inner.streams.write().unwrap();
-        streams.retain(|(basin, _), state| {
-            if basin == name {
-                state.mark_deleted();
-                false
-            } else {
-                true
-            }
-        });
-        Ok(())
+        let engine = self.clone();
+        let name = name.clone();
+        self.detached(async move {
+            engine
+                .inner
+                .metadata
+                .mark_basin_deleted(&name, now_utc())
+                .await?;
+            let mut streams = engine.inner.streams.write().unwrap();
+            streams.retain(|(basin, _), state| {
+                if *basin == name {
+                    state.mark_deleted();
+                    false
+                } else {
+                    true
+                }
+            });
+            Ok(())
+        })
+        .await
     }
 
     // ---- streams ----
@@ -292,8 +298,12 @@ impl Engine {
             deleted_at: None,
             idempotency_key: idempotency_key(request_token, &config),
         };
-        let created = self.inner.metadata.create_stream(record).await?;
-        Ok(self.register(created))
+        let engine = self.clone();
+        self.detached(async move {
+            let created = engine.inner.metadata.create_stream(record).await?;
+            Ok(engine.register(created))
+        })
+        .await
     }
 
     /// Adds a newly created stream to the live set (idempotent for retried creates).
@@ -303,16 +313,33 @@ impl Engine {
         };
         let key = (record.basin.clone(), record.name.clone());
         let mut streams = self.inner.streams.write().unwrap();
-        streams.entry(key).or_insert_with(|| {
-            StreamState::new(
+        let current = streams.get(&key).map(|state| state.id);
+        if current != Some(record.id) {
+            // A different id under this name is a deleted stream whose removal from the
+            // map never ran: it must not receive the new stream's records.
+            let fresh = StreamState::new(
                 record.id,
                 record.name.clone(),
                 record.config,
                 SequencerState::default(),
                 Vec::new(),
-            )
-        });
+            );
+            if let Some(stale) = streams.insert(key, fresh) {
+                stale.mark_deleted();
+            }
+        }
         record
+    }
+
+    /// Runs a metadata change to completion even if the caller stops waiting (a client
+    /// hanging up), so the metadata and the live-stream map never disagree.
+    async fn detached<T: Send + 'static>(
+        &self,
+        change: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        tokio::spawn(change)
+            .await
+            .map_err(|e| Error::storage(format!("metadata change failed: {e}")))?
     }
 
     pub async fn ensure_stream(
@@ -385,6 +412,16 @@ impl Engine {
         if let Some(state) = self.live_stream(basin, name) {
             return Ok(state);
         }
+        // A live stream the map does not know (its registration was cut short, or a
+        // concurrent creator has not registered it yet) can hold no records yet.
+        if let Some(record) = self.inner.metadata.get_stream(basin, name).await? {
+            if record.deleted_at.is_none() {
+                self.register(Created::Existing(record));
+                if let Some(state) = self.live_stream(basin, name) {
+                    return Ok(state);
+                }
+            }
+        }
         if let Some((kind, config)) = create {
             let basin_record = self.active_basin(basin).await?;
             let allowed = match kind {
@@ -447,20 +484,23 @@ impl Engine {
         if record.deleted_at.is_some() {
             return Ok(());
         }
-        self.inner
-            .metadata
-            .mark_stream_deleted(record.id, now_utc())
-            .await?;
-        if let Some(state) = self
-            .inner
-            .streams
-            .write()
-            .unwrap()
-            .remove(&(basin.clone(), name.clone()))
-        {
-            state.mark_deleted();
-        }
-        Ok(())
+        let engine = self.clone();
+        let key = (basin.clone(), name.clone());
+        self.detached(async move {
+            engine
+                .inner
+                .metadata
+                .mark_stream_deleted(record.id, now_utc())
+                .await?;
+            let mut streams = engine.inner.streams.write().unwrap();
+            if streams.get(&key).is_some_and(|state| state.id == record.id) {
+                if let Some(state) = streams.remove(&key) {
+                    state.mark_deleted();
+                }
+            }
+            Ok(())
+        })
+        .await
     }
 
     // ---- records ----
@@ -500,13 +540,16 @@ impl Engine {
         let wal = self.inner.wal.read().unwrap().clone();
         let wal = wal.ok_or(Error::ServerDraining)?;
         let mut sequencer = state.sequencer().lock().await;
+        // The queue slot is reserved before anything is sequenced: if this future is
+        // dropped while waiting (a client hanging up under load), nothing has changed.
+        // Once sequenced, the hand-off below cannot wait or fail, and it happens while
+        // the sequencer is held, so batches enter the log in sequence order.
+        let slot = wal
+            .reserve()
+            .await
+            .map_err(|_| Error::Unavailable("the write-ahead log writer stopped".into()))?;
         let batch = state.sequence(&mut sequencer, input, &commands, now_ms())?;
-        // Sent while the sequencer is held, so batches enter the log in sequence order.
-        if wal.send(PendingAppend { batch, done }).await.is_err() {
-            return Err(Error::Unavailable(
-                "the write-ahead log writer stopped".into(),
-            ));
-        }
+        slot.send(PendingAppend { batch, done });
         Ok(PendingAck(ack))
     }
 
@@ -625,6 +668,11 @@ enum AutoCreate {
     OnRead,
 }
 
+/// A crash can tear only the chunks that were being written: at most this many (the
+/// largest `--flush-in-flight` accepted) end an epoch unreadable. An unreadable chunk
+/// with more after it is corruption, not a crash.
+pub const MAX_TORN_TAIL: usize = 64;
+
 /// Rebuilds every live stream from the WAL: its tail, last timestamp, fencing token, trim
 /// point, and where each batch lies. Within each epoch, chunks are replayed in order up
 /// to the first missing one; chunks after a gap were never acknowledged (see the writer).
@@ -660,9 +708,16 @@ async fn recover(
             // A chunk that reads as absent was torn by a crash during its own put, so it
             // was never acknowledged: it ends this epoch's log like a gap does.
             let Some(chunk) = objects.get(&key).await? else {
-                tracing::info!(
+                let after = numbers.len() - expected - 1;
+                if after > MAX_TORN_TAIL {
+                    return Err(Error::storage(format!(
+                        "WAL chunk `{key}` is unreadable but {after} chunks follow it, so it was not \
+                         torn by a crash: the log is corrupt; restore the data directory from a backup"
+                    )));
+                }
+                tracing::warn!(
                     epoch,
-                    ignored = numbers.len() - expected,
+                    ignored = after + 1,
                     "a WAL chunk torn by a crash ends this epoch; ignoring it and any after it"
                 );
                 break;

@@ -37,6 +37,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             args.data_dir.display()
         )
     })?;
+    let _lock = lock_data_dir(&args.data_dir)?;
     let StoreLocation::Path(metadata_path) = match &args.metadata {
         Some(url) => parse_store_url("metadata", url, "sqlite")?,
         None => StoreLocation::Path(args.data_dir.join("metadata.db")),
@@ -54,7 +55,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         flush: FlushSettings {
             linger: Duration::from_millis(args.flush_linger_ms),
             max_chunk_bytes: args.flush_max_bytes.max(1),
-            max_in_flight: args.flush_in_flight.max(1),
+            max_in_flight: args
+                .flush_in_flight
+                .clamp(1, streamgate_core::engine::MAX_TORN_TAIL),
             ..FlushSettings::default()
         },
         cache_bytes: args.cache_mib * 1024 * 1024,
@@ -175,6 +178,27 @@ fn print_banner(
     println!("  export S2_ACCOUNT_ENDPOINT={endpoint}");
     println!("  export S2_BASIN_ENDPOINT={endpoint}");
     println!("  export S2_ACCESS_TOKEN=unused   # any value; access tokens are not enforced yet");
+}
+
+/// Takes an exclusive lock on the data directory for the life of the process: two
+/// servers on one directory would hand out the same sequence numbers.
+fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a file descriptor this function owns; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        anyhow::bail!(
+            "another streamgate is already using the data directory {}; stop it or choose another --data-dir",
+            dir.display()
+        );
+    }
+    Ok(file)
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

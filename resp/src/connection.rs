@@ -93,7 +93,22 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                 return Ok(());
             }
             let (reply, close) = match command {
-                Ok(command) => session.execute(command, &mut shutdown).await,
+                Ok(command) => {
+                    // While a command runs (an XREAD may block for long), keep watching
+                    // the socket: a client that hangs up cancels its blocked read.
+                    let execution = session.execute(command, &mut shutdown);
+                    tokio::pin!(execution);
+                    loop {
+                        tokio::select! {
+                            outcome = &mut execution => break outcome,
+                            read = stream.read_buf(&mut input) => {
+                                if read? == 0 {
+                                    return Ok(());
+                                }
+                            }
+                        }
+                    }
+                }
                 Err(message) => (Reply::error(message), false),
             };
             reply.encode(session.resp3, &mut output);

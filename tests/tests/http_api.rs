@@ -796,3 +796,21 @@ async fn http2_prior_knowledge_and_compression() {
         .unwrap();
     assert_eq!(response.headers()["content-encoding"], "zstd");
 }
+
+#[tokio::test]
+async fn a_second_server_on_the_same_data_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _server = Server::start(dir.path());
+    let second = std::process::Command::new(streamgate_tests::binary())
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--listen", "127.0.0.1:0", "--resp-listen", "off"])
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        stderr.contains("already using the data directory"),
+        "{stderr}"
+    );
+}

@@ -62,6 +62,12 @@ impl SqliteMetadataStore {
         Ok(store)
     }
 
+    /// A transaction that holds the write lock from its start, so a read-then-write
+    /// (check, then insert) never fails on a concurrent writer's snapshot.
+    async fn write_transaction(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(db)
+    }
+
     async fn migrate(&self) -> Result<()> {
         let mut tx = self.pool.begin().await.map_err(db)?;
         sqlx::query("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
@@ -149,7 +155,7 @@ const STREAM_COLUMNS: &str =
 #[async_trait]
 impl MetadataStore for SqliteMetadataStore {
     async fn create_basin(&self, basin: BasinRecord) -> Result<Created<BasinRecord>> {
-        let mut tx = self.pool.begin().await.map_err(db)?;
+        let mut tx = self.write_transaction().await?;
         let existing = sqlx::query(&format!(
             "SELECT {BASIN_COLUMNS} FROM basins WHERE name = ?"
         ))
@@ -158,6 +164,9 @@ impl MetadataStore for SqliteMetadataStore {
         .await
         .map_err(db)?;
         if let Some(row) = existing {
+            // End the transaction now: a dropped one would hold the write lock until
+            // its connection is next used.
+            tx.rollback().await.map_err(db)?;
             let existing = basin_from_row(&row)?;
             return match existing_outcome(
                 &existing.deleted_at,
@@ -264,7 +273,7 @@ impl MetadataStore for SqliteMetadataStore {
     }
 
     async fn create_stream(&self, stream: StreamRecord) -> Result<Created<StreamRecord>> {
-        let mut tx = self.pool.begin().await.map_err(db)?;
+        let mut tx = self.write_transaction().await?;
         let existing = sqlx::query(&format!(
             "SELECT {STREAM_COLUMNS} FROM streams WHERE basin = ? AND name = ?"
         ))
@@ -274,6 +283,9 @@ impl MetadataStore for SqliteMetadataStore {
         .await
         .map_err(db)?;
         if let Some(row) = existing {
+            // End the transaction now: a dropped one would hold the write lock until
+            // its connection is next used.
+            tx.rollback().await.map_err(db)?;
             let existing = stream_from_row(&row)?;
             return match existing_outcome(
                 &existing.deleted_at,

@@ -116,6 +116,11 @@ pub struct ReadQuery {
 
 impl ReadQuery {
     fn request(&self) -> ApiResult<ReadRequest> {
+        if self.wait.is_some_and(|wait| wait > i32::MAX as u64) {
+            return Err(ApiError::bad_query(
+                "`wait` must be at most 2147483647 seconds",
+            ));
+        }
         let start = match (self.seq_num, self.timestamp, self.tail_offset) {
             (None, None, None) => ReadStart::TailOffset(0),
             (Some(seq), None, None) => ReadStart::SeqNum(seq),
@@ -175,7 +180,10 @@ pub async fn read(
             None => None,
         };
     if let Some(resume) = resume {
-        request.start = ReadStart::SeqNum(resume.seq_num + 1);
+        let next = resume.seq_num.checked_add(1).ok_or_else(|| {
+            ApiError::bad_header("`Last-Event-ID` names a sequence number past the end")
+        })?;
+        request.start = ReadStart::SeqNum(next);
         bounds.count = bounds.count.map(|c| c.saturating_sub(resume.count));
         bounds.bytes = bounds.bytes.map(|b| b.saturating_sub(resume.bytes));
     }

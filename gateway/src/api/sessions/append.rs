@@ -46,9 +46,9 @@ impl AppendSession {
         let mut inputs = body.into_data_stream();
         let mut decoder = FrameDecoder::default();
         let mut in_flight = FuturesOrdered::new();
-        let mut reading = true;
-        let mut failure: Option<ApiError> = None;
         let mut draining = self.drain.is_draining();
+        let mut reading = !draining;
+        let mut failure: Option<ApiError> = None;
         let mut drain = self.drain.clone();
         loop {
             if (!reading || failure.is_some()) && in_flight.is_empty() {
@@ -89,7 +89,7 @@ impl AppendSession {
                                         }
                                     },
                                     Ok(Some(Frame::Terminal { .. })) => {
-                                        reading = false;
+                                        failure = Some(ApiError::bad_frame("clients may not send terminal frames; end the request body instead"));
                                         break;
                                     }
                                     Ok(None) => break,

@@ -242,7 +242,7 @@ async fn run<E: SessionEncoder>(
             }
         }
         let heartbeat_at = Instant::now() + heartbeat_delay();
-        let idle_deadline = bounds.wait.map(|wait| idle_since + wait);
+        let idle_deadline = bounds.wait.and_then(|wait| idle_since.checked_add(wait));
         let deadline = idle_deadline.map_or(heartbeat_at, |idle| idle.min(heartbeat_at));
         tokio::select! {
             more = reader.wait_for_records(Some(deadline)) => match more {
