@@ -4,6 +4,7 @@ The binary comes from STREAMGATE_BIN (the test script builds it); each test gets
 server on free ports with its own data directory.
 """
 
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -19,15 +20,16 @@ class Streamgate:
     resp_port: int
 
 
-@pytest.fixture
-def server():
+@contextlib.contextmanager
+def launch(*extra_args):
+    """Runs streamgate with `extra_args` until the block ends."""
     binary = os.environ.get("STREAMGATE_BIN")
     if not binary or not os.path.exists(binary):
         pytest.fail("set STREAMGATE_BIN to a built streamgate binary (scripts/test.sh does)")
     with tempfile.TemporaryDirectory() as data_dir:
         proc = subprocess.Popen(
             [binary, "--data-dir", data_dir, "--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0",
-             "--reap-interval-secs", "1"],
+             "--reap-interval-secs", "1", *extra_args],
             stdout=subprocess.PIPE,
             stderr=None,
             text=True,
@@ -55,6 +57,12 @@ def server():
         finally:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def server():
+    with launch() as running:
+        yield running
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ redis-cli. A differential test compares reply shapes with a real Redis server.""
 
 import json
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -182,6 +183,42 @@ def test_redis_cli(server):
     assert run("XRANGE", "cli", "-", "+", "COUNT", "100").split("\n") == [entry_id, "kind", "example"]
     assert run("XLEN", "cli") == "1"
     assert run("PING") == "PONG"
+
+
+def test_tls_with_sni_selects_the_basin(tmp_path):
+    from conftest import launch
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    with launch("--tls-cert", str(cert), "--tls-key", str(key)) as server:
+        request = urllib.request.Request(server.endpoint + "/v1/basins", method="POST")
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        request.add_header("content-type", "application/json")
+        body = json.dumps({"basin": BASIN, "config": {"create_stream_on_append": True}}).encode()
+        with urllib.request.urlopen(request, data=body, context=context) as response:
+            assert response.status == 201
+
+        def cli(sni, *args):
+            command = [shutil.which("redis-cli") or "redis-cli", "--tls", "--insecure", "-h", "127.0.0.1",
+                       "-p", str(server.resp_port), "--pass", "token", "--no-auth-warning"]
+            if sni:
+                command += ["--sni", sni]
+            out = subprocess.run(command + list(args), capture_output=True, text=True, timeout=30)
+            return out.stdout.strip() + out.stderr.strip()
+
+        # The SNI host name {basin}.… selects the basin; no username is needed.
+        entry_id = cli(f"{BASIN}.r.localhost", "XADD", "secure", "*", "k", "v")
+        assert entry_id.endswith("-0"), entry_id
+        assert cli(f"{BASIN}.r.localhost", "XRANGE", "secure", "-", "+").split("\n") == [entry_id, "k", "v"]
+        # Without a basin in SNI the connection is refused.
+        assert "-0" not in cli(None, "XADD", "secure", "*", "k", "v")
+        assert cli(None, "PING") != "PONG"
 
 
 REDIS_PORT = 6379
