@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every streamgate test: the Rust suites (unit, engine, black-box HTTP, sessions,
 # crash and drain, Rust SDK and TLS compatibility), then the suites driven by the
-# official clients: the s2 CLI and the Python SDK (pytest), and the TypeScript SDK
-# (node --test). Needs a Rust toolchain, python3 with venv, and Node.js with npm.
+# official clients: the s2 CLI, the Python SDK and redis-py (pytest), and the TypeScript
+# SDK, node-redis and ioredis (node --test). Needs a Rust toolchain, python3 with venv,
+# Node.js with npm, redis-cli and redis-server (a Redis on 127.0.0.1:6379 is used if one
+# runs; otherwise the comparison test starts its own).
 # Installs the s2 CLI into ~/.cargo/bin and the Python SDK into .venv-compat on first
 # use. Exits non-zero when any test fails.
 set -euo pipefail
@@ -26,7 +28,7 @@ fi
 export S2_CLI
 "$S2_CLI" --version
 
-echo "==> Python SDK and s2 CLI compatibility suites"
+echo "==> s2 CLI, Python SDK and redis-py suites"
 venv=.venv-compat
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
@@ -34,5 +36,5 @@ fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check -r compat/python/requirements.txt
 "$venv/bin/python" -m pytest -q compat/python
 
-echo "==> TypeScript SDK compatibility suite (Node.js)"
+echo "==> TypeScript SDK, node-redis and ioredis suites (Node.js)"
 (cd compat/node && npm ci --no-audit --no-fund --silent && node --test)
