@@ -2,10 +2,11 @@
 // RESP listener: append three entries, page with XRANGE (last-id, tail with XREAD BLOCK
 // on a dedicated connection.
 import { test } from "node:test";
+import https from "node:https";
 import assert from "node:assert/strict";
 import { createClient } from "redis";
 import Redis from "ioredis";
-import { startServer } from "./server.mjs";
+import { selfSignedCertificate, startServer } from "./server.mjs";
 
 const { endpoint, respPort } = await startServer();
 const basin = "node-resp-basin";
@@ -16,8 +17,40 @@ const created = await fetch(`${endpoint}/v1/basins`, {
 });
 assert.equal(created.status, 201);
 
+// Over TLS the SNI host name names the basin, as on the cloud service.
+const { cert, key } = selfSignedCertificate();
+const secure = await startServer(["--tls-cert", cert, "--tls-key", key]);
+const secureBasinReady = await new Promise((resolve) => {
+	// node:https, because the certificate is self-signed.
+	const request = https.request(
+		`${secure.endpoint}/v1/basins`,
+		{ method: "POST", headers: { "content-type": "application/json" }, rejectUnauthorized: false },
+		(response) => {
+			response.resume();
+			resolve(response.statusCode === 201);
+		},
+	);
+	request.on("error", () => resolve(false));
+	request.end(JSON.stringify({ basin, config: { create_stream_on_append: true } }));
+});
+const servername = `${basin}.r.localhost`;
+
+const plainOptions = { socket: { host: "127.0.0.1", port: respPort }, username: basin, password: "token" };
+
 test("node-redis: append, page, tail", async () => {
-	const client = createClient({ socket: { host: "127.0.0.1", port: respPort }, username: basin, password: "token" });
+	await nodeRedisProgram(plainOptions);
+});
+
+test("node-redis over TLS with SNI naming the basin", async () => {
+	assert.ok(secureBasinReady, "the TLS server's basin was created");
+	await nodeRedisProgram({
+		socket: { host: "127.0.0.1", port: secure.respPort, tls: true, servername, rejectUnauthorized: false },
+		password: "token",
+	});
+});
+
+async function nodeRedisProgram(options) {
+	const client = createClient(options);
 	await client.connect();
 	const stream = "node-redis-events";
 	const ids = [];
@@ -47,10 +80,24 @@ test("node-redis: append, page, tail", async () => {
 	assert.deepEqual({ ...reply[0].messages[0].message }, { kind: "late" });
 	await tail.quit();
 	await client.quit();
-});
+}
 
 test("ioredis: append, page, tail", async () => {
-	const redis = new Redis({ host: "127.0.0.1", port: respPort, username: basin, password: "token" });
+	await ioredisProgram({ host: "127.0.0.1", port: respPort, username: basin, password: "token" });
+});
+
+test("ioredis over TLS with SNI naming the basin", async () => {
+	assert.ok(secureBasinReady, "the TLS server's basin was created");
+	await ioredisProgram({
+		host: "127.0.0.1",
+		port: secure.respPort,
+		password: "token",
+		tls: { servername, rejectUnauthorized: false },
+	});
+});
+
+async function ioredisProgram(options) {
+	const redis = new Redis(options);
 	const stream = "ioredis-events";
 	const ids = [];
 	for (let i = 0; i < 3; i++) {
@@ -77,4 +124,4 @@ test("ioredis: append, page, tail", async () => {
 	assert.deepEqual(reply[0][1][0][1], ["kind", "late"]);
 	tail.disconnect();
 	redis.disconnect();
-});
+}

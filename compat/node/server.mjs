@@ -2,16 +2,16 @@
 // directory, for the Node.js suites; stops it when the test file ends.
 import { after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-export async function startServer() {
+export async function startServer(extraArgs = []) {
 	const binary = process.env.STREAMGATE_BIN;
 	assert.ok(binary, "set STREAMGATE_BIN to a built streamgate binary (scripts/test.sh does)");
 	const dataDir = mkdtempSync(join(tmpdir(), "streamgate-node-"));
-	const args = ["--data-dir", dataDir, "--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"];
+	const args = ["--data-dir", dataDir, "--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0", ...extraArgs];
 	const child = spawn(binary, args, {
 		stdio: ["ignore", "pipe", "inherit"],
 		env: { ...process.env, STREAMGATE_LOG: "warn" },
@@ -32,4 +32,16 @@ export async function startServer() {
 	});
 	after(() => child.kill("SIGKILL"));
 	return server;
+}
+
+/// A self-signed certificate and key (PEM files) for TLS tests, made with openssl.
+export function selfSignedCertificate() {
+	const dir = mkdtempSync(join(tmpdir(), "streamgate-tls-"));
+	const cert = join(dir, "cert.pem");
+	const key = join(dir, "key.pem");
+	execFileSync("openssl", [
+		"req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+		"-keyout", key, "-out", cert,
+	], { stdio: "ignore" });
+	return { cert, key };
 }
