@@ -5,14 +5,7 @@
 use s2_sdk::error::{AppendConditionFailed, AppendError, ReadError};
 use s2_sdk::types::*;
 use s2_sdk::{S2Basin, S2Stream, S2};
-use streamgate_compat::Server;
-
-fn client(server: &Server) -> S2 {
-    let config = S2Config::new("unused")
-        .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).unwrap())
-        .with_insecure_skip_cert_verification(true);
-    S2::new(config).unwrap()
-}
+use streamgate_compat::{sdk_client, Server};
 
 fn records(bodies: &[&str]) -> AppendInput {
     let records: Vec<AppendRecord> = bodies
@@ -57,7 +50,7 @@ async fn new_stream(s2: &S2, basin: &str, stream: &str) -> (S2Basin, S2Stream) {
 async fn basin_and_stream_lifecycle_with_pagination() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    let s2 = client(&server);
+    let s2 = sdk_client(&server);
 
     for name in ["sdk-basin-a", "sdk-basin-b", "sdk-basin-c"] {
         let info = s2
@@ -186,7 +179,7 @@ async fn basin_and_stream_lifecycle_with_pagination() {
 async fn append_read_and_check_tail_with_every_selector_and_bound() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    let s2 = client(&server);
+    let s2 = sdk_client(&server);
     let (_, stream) = new_stream(&s2, "sdk-records", "events").await;
 
     assert_eq!(stream.check_tail().await.unwrap().seq_num, 0);
@@ -298,7 +291,7 @@ async fn append_read_and_check_tail_with_every_selector_and_bound() {
 async fn conditions_fencing_and_trimming() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    let s2 = client(&server);
+    let s2 = sdk_client(&server);
     let (_, stream) = new_stream(&s2, "sdk-conditions", "cas").await;
 
     stream.append(records(&["a", "b"])).await.unwrap();
@@ -362,7 +355,7 @@ async fn conditions_fencing_and_trimming() {
 async fn auto_creation_on_append_and_read() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    let s2 = client(&server);
+    let s2 = sdk_client(&server);
     let basin_name: BasinName = "sdk-auto-create".parse().unwrap();
     s2.create_basin(
         CreateBasinInput::new(basin_name.clone()).with_config(

@@ -9,14 +9,7 @@ use s2_sdk::append_session::AppendSessionConfig;
 use s2_sdk::producer::ProducerConfig;
 use s2_sdk::types::*;
 use s2_sdk::{S2Stream, S2};
-use streamgate_compat::Server;
-
-fn client(server: &Server) -> S2 {
-    let config = S2Config::new("unused")
-        .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).unwrap())
-        .with_insecure_skip_cert_verification(true);
-    S2::new(config).unwrap()
-}
+use streamgate_compat::{sdk_client, Server};
 
 async fn stream(s2: &S2, name: &str) -> S2Stream {
     let basin_name: BasinName = "sdk-sessions".parse().unwrap();
@@ -60,7 +53,7 @@ async fn read_bodies(stream: &S2Stream, from: u64, count: usize) -> Vec<String> 
 async fn pipelined_append_session_acks_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    let s2 = client(&server);
+    let s2 = sdk_client(&server);
     let stream = stream(&s2, "pipelined").await;
 
     let session = stream.append_session(AppendSessionConfig::new());
@@ -97,7 +90,7 @@ async fn pipelined_append_session_acks_in_order() {
 async fn producer_and_a_bounded_session_stopping_at_the_tail() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    let s2 = client(&server);
+    let s2 = sdk_client(&server);
     let stream = stream(&s2, "produced").await;
 
     let producer = stream.producer(ProducerConfig::new());
@@ -140,7 +133,7 @@ async fn next_body(session: &mut s2_sdk::read_session::ReadSession) -> Vec<Strin
 async fn a_following_read_session_sees_new_records_and_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = Server::start(dir.path());
-    let s2 = client(&server);
+    let s2 = sdk_client(&server);
     let stream = stream(&s2, "followed").await;
     stream.append(batch(["before".to_string()])).await.unwrap();
 
@@ -157,7 +150,7 @@ async fn a_following_read_session_sees_new_records_and_survives_a_restart() {
     // The server dies and comes back on the same port; the session reconnects and resumes
     // after the last record it delivered.
     server.restart();
-    let s2_after = client(&server);
+    let s2_after = sdk_client(&server);
     let stream_after = s2_after
         .basin("sdk-sessions".parse().unwrap())
         .stream("followed".parse().unwrap());
@@ -172,7 +165,7 @@ async fn a_following_read_session_sees_new_records_and_survives_a_restart() {
 async fn a_failed_condition_poisons_the_append_session() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    let s2 = client(&server);
+    let s2 = sdk_client(&server);
     let stream = stream(&s2, "poisoned").await;
 
     let session = stream.append_session(AppendSessionConfig::new());

@@ -6,8 +6,7 @@ use std::process::Command;
 use futures::StreamExt;
 use s2_sdk::append_session::AppendSessionConfig;
 use s2_sdk::types::*;
-use s2_sdk::S2;
-use streamgate_compat::Server;
+use streamgate_compat::{sdk_client, Server};
 
 #[tokio::test]
 async fn https_serves_http2_sessions_and_http1_sse() {
@@ -33,10 +32,7 @@ async fn https_serves_http2_sessions_and_http1_sse() {
         server.endpoint
     );
 
-    let config = S2Config::new("unused")
-        .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).unwrap())
-        .with_insecure_skip_cert_verification(true);
-    let s2 = S2::new(config).unwrap();
+    let s2 = sdk_client(&server);
     let basin_name: BasinName = "tls-basin-1".parse().unwrap();
     s2.create_basin(CreateBasinInput::new(basin_name.clone()))
         .await

@@ -14,8 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Parser;
 use futures::StreamExt;
 use s2_sdk::types::*;
-use s2_sdk::S2;
-use streamgate_compat::Server;
+use streamgate_compat::{sdk_client, Server};
 use tokio::sync::Mutex;
 
 #[derive(Parser)]
@@ -60,11 +59,7 @@ async fn main() {
     let _ = std::fs::remove_dir_all(&args.data_dir);
     let server = Server::start(&args.data_dir);
     let pid = server.pid().unwrap();
-    let config = S2Config::new("unused")
-        .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).unwrap())
-        .with_insecure_skip_cert_verification(true)
-        .with_request_timeout(Duration::from_secs(30));
-    let s2 = S2::new(config).unwrap();
+    let s2 = sdk_client(&server);
     let basin_name: BasinName = "tail-bench".parse().unwrap();
     s2.create_basin(CreateBasinInput::new(basin_name.clone()))
         .await
