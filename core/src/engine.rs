@@ -16,7 +16,9 @@ use crate::config::{
 use crate::error::{Error, Result};
 use crate::names::{BasinName, StreamName};
 use crate::read::{ReadBatch, ReadRequest, ReadStart, StreamReader, MAX_UNARY_WAIT};
-use crate::record::{AppendAck, AppendInput, Command, SequencedRecord, StreamPosition};
+use crate::record::{
+    AppendAck, AppendInput, AppendRecord, Command, SequencedRecord, StreamPosition,
+};
 use crate::storage::metadata::{Created, ListRange};
 use crate::storage::{BasinRecord, ListPage, MetadataStore, ObjectStore, StreamRecord};
 use crate::stream::{BatchLocation, CommandEffects, SequencerState, StreamState};
@@ -30,6 +32,9 @@ pub struct EngineSettings {
     pub cache_bytes: usize,
     /// How often deleted basins and streams are reaped; until then their names stay taken.
     pub reap_interval: Duration,
+    /// Bytes of appends accepted but not yet durable, across all streams; past this,
+    /// appends wait (and sessions stop reading), instead of buffering without bound.
+    pub max_inflight_bytes: usize,
     /// The one location this server offers.
     pub location: String,
     /// Storage class of streams that do not choose one.
@@ -42,6 +47,7 @@ impl Default for EngineSettings {
             flush: FlushSettings::default(),
             cache_bytes: 256 * 1024 * 1024,
             reap_interval: Duration::from_secs(5),
+            max_inflight_bytes: 256 * 1024 * 1024,
             location: "local".into(),
             default_storage_class: StorageClass::Express,
         }
@@ -76,6 +82,8 @@ struct Inner {
     reaper: Mutex<Option<JoinHandle<()>>>,
     poison: Poison,
     draining: AtomicBool,
+    /// The in-flight byte budget, in KiB permits.
+    inflight: Arc<tokio::sync::Semaphore>,
 }
 
 fn now_ms() -> u64 {
@@ -110,6 +118,7 @@ impl Engine {
         objects: Arc<dyn ObjectStore>,
         settings: EngineSettings,
     ) -> Result<Engine> {
+        let settings_inflight_kib = settings.max_inflight_bytes / 1024;
         let epoch = metadata.next_epoch().await?;
         let streams = recover(metadata.as_ref(), objects.as_ref()).await?;
         let cache = Arc::new(ChunkCache::new(settings.cache_bytes));
@@ -131,6 +140,7 @@ impl Engine {
             wal: RwLock::new(Some(wal_tx)),
             wal_task: Mutex::new(Some(wal_task)),
             reaper: Mutex::new(None),
+            inflight: Arc::new(tokio::sync::Semaphore::new((settings_inflight_kib).max(1))),
             poison,
             draining: AtomicBool::new(false),
         });
@@ -535,6 +545,17 @@ impl Engine {
         let state = self
             .stream_for(basin, name, Some((AutoCreate::OnAppend, &create_config)))
             .await?;
+        // Waiting for budget changes nothing, so a request dropped here leaves no trace.
+        let metered: u64 = input.records.iter().map(AppendRecord::metered_size).sum();
+        let total = self.inner.settings.max_inflight_bytes / 1024;
+        let kib = (metered.div_ceil(1024) as usize).clamp(1, total.max(1)) as u32;
+        let budget = self
+            .inner
+            .inflight
+            .clone()
+            .acquire_many_owned(kib)
+            .await
+            .map_err(|_| Error::ServerDraining)?;
         let (done, ack) = oneshot::channel();
         // Holding a sender keeps the writer running until this batch is in its queue.
         let wal = self.inner.wal.read().unwrap().clone();
@@ -549,7 +570,11 @@ impl Engine {
             .await
             .map_err(|_| Error::Unavailable("the write-ahead log writer stopped".into()))?;
         let batch = state.sequence(&mut sequencer, input, &commands, now_ms())?;
-        slot.send(PendingAppend { batch, done });
+        slot.send(PendingAppend {
+            batch,
+            done,
+            _budget: budget,
+        });
         Ok(PendingAck(ack))
     }
 

@@ -49,6 +49,8 @@ impl Default for FlushSettings {
 pub(crate) struct PendingAppend {
     pub batch: SequencedBatch,
     pub done: oneshot::Sender<Result<AppendAck>>,
+    /// This batch's share of the in-flight memory budget, returned when it is done.
+    pub _budget: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// Set once when a chunk cannot be written: from then on every append fails, because the
@@ -78,7 +80,7 @@ impl WalWriter {
         epoch: u64,
         poison: Poison,
     ) -> (mpsc::Sender<PendingAppend>, JoinHandle<()>) {
-        let (tx, rx) = mpsc::channel(4096);
+        let (tx, rx) = mpsc::channel(1024);
         let writer = WalWriter {
             store,
             cache,

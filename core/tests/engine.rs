@@ -15,13 +15,17 @@ use streamgate_core::storage::sqlite::SqliteMetadataStore;
 use streamgate_core::{Engine, EngineSettings, Error};
 
 async fn open(dir: &Path) -> Engine {
+    open_with(dir, EngineSettings::default()).await
+}
+
+async fn open_with(dir: &Path, settings: EngineSettings) -> Engine {
     let metadata = SqliteMetadataStore::open(&dir.join("metadata.db"))
         .await
         .unwrap();
     let objects = LocalDirObjectStore::open(dir.join("objects")).unwrap();
     let settings = EngineSettings {
         reap_interval: Duration::from_millis(200),
-        ..Default::default()
+        ..settings
     };
     Engine::open(Arc::new(metadata), Arc::new(objects), settings)
         .await
@@ -488,4 +492,29 @@ async fn auto_creation_follows_the_basin_config() {
             .await,
         Err(Error::BasinNotFound(_))
     ));
+}
+
+#[tokio::test]
+async fn appends_beyond_the_in_flight_budget_wait_instead_of_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = EngineSettings {
+        max_inflight_bytes: 32 * 1024,
+        ..Default::default()
+    };
+    let engine = open_with(dir.path(), settings).await;
+    let s = setup(&engine, "budget").await;
+    let body = "x".repeat(8 * 1024);
+    let appends: Vec<_> = (0..40)
+        .map(|_| {
+            let (engine, s, body) = (engine.clone(), s.clone(), body.clone());
+            tokio::spawn(async move { engine.append(&basin(), &s, records(&[&body]), None).await })
+        })
+        .collect();
+    for append in appends {
+        append.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        engine.check_tail(&basin(), &s, None).await.unwrap().seq_num,
+        40
+    );
 }

@@ -53,6 +53,12 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_FLUSH_IN_FLIGHT", default_value_t = 4)]
     pub flush_in_flight: usize,
 
+    /// Memory for appends accepted but not yet durable (MiB); past it, appends wait and
+    /// append sessions stop reading, so clients feel backpressure instead of the server
+    /// buffering without bound.
+    #[arg(long, env = "STREAMGATE_MAX_INFLIGHT_MIB", default_value_t = 256)]
+    pub max_inflight_mib: usize,
+
     /// Memory for recently written records, which serves recent and tailing reads (MiB).
     #[arg(long, env = "STREAMGATE_CACHE_MIB", default_value_t = 256)]
     pub cache_mib: usize,

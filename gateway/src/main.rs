@@ -61,6 +61,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             ..FlushSettings::default()
         },
         cache_bytes: args.cache_mib * 1024 * 1024,
+        max_inflight_bytes: args.max_inflight_mib.max(2) * 1024 * 1024,
         reap_interval: Duration::from_secs(args.reap_interval_secs.max(1)),
         ..EngineSettings::default()
     };

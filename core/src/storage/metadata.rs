@@ -213,8 +213,22 @@ pub(crate) async fn conformance(store: &dyn MetadataStore) {
     };
     assert!(again.id > b.id, "stream ids must never be reused");
 
+    // Streams can only be created in an existing basin that is not being deleted.
+    let orphan = StreamRecord {
+        basin: BasinName::new("no-such-basin").unwrap(),
+        ..stream("x")
+    };
+    assert!(matches!(
+        store.create_stream(orphan).await,
+        Err(Error::BasinNotFound(_))
+    ));
+
     // Deleting a basin marks its streams deleted too, and blocks the name until removed.
     store.mark_basin_deleted(&one, now).await.unwrap();
+    assert!(matches!(
+        store.create_stream(stream("late")).await,
+        Err(Error::BasinDeletionPending(_))
+    ));
     assert!(store.live_streams().await.unwrap().is_empty());
     assert!(matches!(
         store.create_basin(basin("basin-one", None)).await,

@@ -274,6 +274,25 @@ impl MetadataStore for SqliteMetadataStore {
 
     async fn create_stream(&self, stream: StreamRecord) -> Result<Created<StreamRecord>> {
         let mut tx = self.write_transaction().await?;
+        // Checked inside the write transaction, so a basin deletion cannot slip between
+        // the check and the insert and leave a live stream in a deleted basin.
+        let basin_deleted: Option<Option<i64>> =
+            sqlx::query_scalar("SELECT deleted_at_ms FROM basins WHERE name = ?")
+                .bind(stream.basin.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+        match basin_deleted {
+            None => {
+                tx.rollback().await.map_err(db)?;
+                return Err(Error::BasinNotFound(stream.basin.to_string()));
+            }
+            Some(Some(_)) => {
+                tx.rollback().await.map_err(db)?;
+                return Err(Error::BasinDeletionPending(stream.basin.to_string()));
+            }
+            Some(None) => {}
+        }
         let existing = sqlx::query(&format!(
             "SELECT {STREAM_COLUMNS} FROM streams WHERE basin = ? AND name = ?"
         ))
