@@ -515,6 +515,20 @@ impl Engine {
 
     // ---- records ----
 
+    /// Makes sure a stream can take appends, creating it if the basin creates streams on
+    /// append: what an append session checks before it starts.
+    pub async fn open_for_append(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        create_config: Option<&StreamConfig>,
+    ) -> Result<()> {
+        let create_config = create_config.copied().unwrap_or_default();
+        self.stream_for(basin, name, Some((AutoCreate::OnAppend, &create_config)))
+            .await
+            .map(|_| ())
+    }
+
     /// Appends a batch atomically; returns only once it is durable.
     pub async fn append(
         &self,

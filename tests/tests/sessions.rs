@@ -348,3 +348,32 @@ fn tokio_stream<T: Send + 'static>(
         rx.recv().await.map(|item| (item, rx))
     })
 }
+
+#[tokio::test]
+async fn sessions_on_a_missing_stream_fail_before_they_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let endpoint = server.endpoint.clone();
+    setup(&endpoint, "exists").await;
+    let h2 = Client::builder().http2_prior_knowledge().build().unwrap();
+    for (method, accept) in [
+        (reqwest::Method::POST, None),
+        (reqwest::Method::GET, None),
+        (reqwest::Method::GET, Some("text/event-stream")),
+    ] {
+        let mut request = h2
+            .request(
+                method.clone(),
+                format!("{endpoint}/v1/streams/missing/records"),
+            )
+            .header("s2-basin", BASIN);
+        request = match accept {
+            Some(accept) => request.header("accept", accept),
+            None => request.header("content-type", "S2S/Proto"),
+        };
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 404, "{method} {accept:?}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["code"], "stream_not_found");
+    }
+}

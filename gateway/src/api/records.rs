@@ -35,11 +35,15 @@ fn wants_protobuf(headers: &HeaderMap) -> bool {
         .is_some_and(is_protobuf)
 }
 
-fn header_contains(headers: &HeaderMap, name: header::HeaderName, value: &str) -> bool {
+/// Whether the first media type of a header is `value` (case-insensitive), which is how
+/// S2 dispatches between unary calls, S2S sessions and SSE.
+fn first_media_type_is(headers: &HeaderMap, name: header::HeaderName, value: &str) -> bool {
     headers
         .get(name)
         .and_then(|v: &HeaderValue| v.to_str().ok())
-        .is_some_and(|v| v.contains(value))
+        .and_then(|v| v.split(',').next())
+        .map(|first| first.split(';').next().unwrap_or("").trim())
+        .is_some_and(|first| first.eq_ignore_ascii_case(value))
 }
 
 /// Largest unary request body accepted before decoding (a 1 MiB batch in JSON with
@@ -63,7 +67,11 @@ pub async fn append(
     body: Body,
 ) -> ApiResult<Response> {
     let create_config = stream_config_header(&headers)?;
-    if header_contains(&headers, header::CONTENT_TYPE, "s2s/proto") {
+    if first_media_type_is(&headers, header::CONTENT_TYPE, "s2s/proto") {
+        // A missing stream (or basin) is a plain 404 before the session starts.
+        engine
+            .open_for_append(&basin, &stream, create_config.as_ref())
+            .await?;
         let session = AppendSession {
             engine,
             basin,
@@ -155,9 +163,9 @@ pub async fn read(
 ) -> ApiResult<Response> {
     let format = Format::from_headers(&headers)?;
     let create_config = stream_config_header(&headers)?;
-    let s2s = header_contains(&headers, header::ACCEPT, "s2s/proto")
-        || header_contains(&headers, header::CONTENT_TYPE, "s2s/proto");
-    let sse = header_contains(&headers, header::ACCEPT, "text/event-stream");
+    let s2s = first_media_type_is(&headers, header::ACCEPT, "s2s/proto")
+        || first_media_type_is(&headers, header::CONTENT_TYPE, "s2s/proto");
+    let sse = first_media_type_is(&headers, header::ACCEPT, "text/event-stream");
     if !s2s && !sse {
         let batch = engine
             .read(&basin, &stream, query.request()?, create_config.as_ref())

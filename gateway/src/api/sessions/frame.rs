@@ -34,6 +34,15 @@ impl Compression {
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
+            // Entries with `q=0` are refusals, not offers.
+            .filter(|entry| {
+                !entry.split(';').skip(1).any(|param| {
+                    let param = param.trim().replace(' ', "");
+                    param
+                        .strip_prefix("q=")
+                        .is_some_and(|q| q.parse::<f32>() == Ok(0.0))
+                })
+            })
             .map(|v| {
                 v.split(';')
                     .next()
@@ -262,6 +271,20 @@ mod tests {
                 }
             );
         }
+    }
+
+    #[test]
+    fn negotiation_prefers_zstd_and_honours_refusals() {
+        let negotiate = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(axum::http::header::ACCEPT_ENCODING, value.parse().unwrap());
+            Compression::negotiate(&headers)
+        };
+        assert_eq!(negotiate("gzip, zstd"), Compression::Zstd);
+        assert_eq!(negotiate("gzip"), Compression::Gzip);
+        assert_eq!(negotiate("zstd;q=0, gzip"), Compression::Gzip);
+        assert_eq!(negotiate("identity"), Compression::None);
+        assert_eq!(Compression::negotiate(&HeaderMap::new()), Compression::None);
     }
 
     #[test]
