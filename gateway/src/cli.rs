@@ -5,11 +5,12 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-/// streamgate: a self-hosted, durable stream store that speaks the S2 API.
+/// streamgate: a self-hosted, durable stream store that speaks the S2 API (REST, S2S
+/// sessions, SSE) and Redis Streams (RESP).
 ///
-/// With no flags it serves on 127.0.0.1:8080 and keeps everything in ./streamgate-data
-/// (metadata in SQLite, records in a local directory). Every acknowledged append has been
-/// fsync'd to disk first.
+/// With no flags it serves the S2 API on 127.0.0.1:8080 and RESP on 127.0.0.1:6380, and
+/// keeps everything in ./streamgate-data (metadata in SQLite, records in a local
+/// directory). Every acknowledged append has been fsync'd to disk first.
 #[derive(Debug, Parser)]
 #[command(name = "streamgate", version, about, long_about)]
 pub struct Args {
@@ -49,7 +50,7 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_FLUSH_MAX_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub flush_max_bytes: usize,
 
-    /// WAL chunks written concurrently (acknowledged strictly in order).
+    /// WAL chunks written concurrently, 1 to 64 (acknowledged strictly in order).
     #[arg(long, env = "STREAMGATE_FLUSH_IN_FLIGHT", default_value_t = 4)]
     pub flush_in_flight: usize,
 
@@ -68,8 +69,8 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_REAP_INTERVAL_SECS", default_value_t = 5)]
     pub reap_interval_secs: u64,
 
-    /// PEM certificate chain: serve HTTPS (HTTP/2 and HTTP/1.1 via ALPN) instead of
-    /// cleartext. Requires --tls-key.
+    /// PEM certificate chain: serve HTTPS (HTTP/2 and HTTP/1.1 via ALPN) and RESP over TLS
+    /// instead of cleartext. Requires --tls-key.
     #[arg(long, env = "STREAMGATE_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
 
