@@ -9,10 +9,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
 use rand::Rng;
 use reqwest::Client;
 use serde_json::{json, Value};
-use streamgate_tests::Server;
+use streamgate_tests::{wire, Server};
 
 const BASIN: &str = "crash-test";
 const STREAMS: usize = 3;
@@ -76,6 +77,74 @@ async fn append_until_failure(
             .unwrap()
             .acked
             .insert(batch, (stream, start, end));
+    }
+}
+
+/// Like `append_until_failure`, through one S2S append session over HTTP/2 with up to 16
+/// inputs in flight.
+async fn session_until_failure(
+    endpoint: String,
+    stream: usize,
+    id: usize,
+    round: usize,
+    history: Arc<Mutex<History>>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(64);
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let h2 = Client::builder().http2_prior_knowledge().build().unwrap();
+    let response = h2
+        .post(format!("{endpoint}/v1/streams/s{stream}/records"))
+        .header("s2-basin", BASIN)
+        .header("content-type", "s2s/proto")
+        .body(reqwest::Body::wrap_stream(body))
+        .send()
+        .await;
+    let Ok(response) = response else { return };
+    if !response.status().is_success() {
+        return;
+    }
+    let mut frames = response.bytes_stream();
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut buffer = Vec::new();
+    let mut n = 0;
+    loop {
+        while in_flight.len() < 16 {
+            let size = rand::rng().random_range(1..=20);
+            let batch = format!("c{id}r{round}s{n}");
+            n += 1;
+            let bodies: Vec<String> = (0..size).map(|i| format!("{batch}/{i}")).collect();
+            let refs: Vec<&[u8]> = bodies.iter().map(|b| b.as_bytes()).collect();
+            history.lock().unwrap().sent.insert(batch.clone(), size);
+            if tx
+                .send(Ok(wire::s2s_frame(&wire::encode_append_input(&refs))))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            in_flight.push_back((batch, size));
+        }
+        match tokio::time::timeout(Duration::from_secs(10), frames.next()).await {
+            Ok(Some(Ok(chunk))) => buffer.extend_from_slice(&chunk),
+            _ => return, // the server died: the unacknowledged inputs' fate is unknown
+        }
+        while let Some((flags, ack)) = wire::take_s2s_frame(&mut buffer) {
+            if flags & 0x80 != 0 {
+                return;
+            }
+            let (start, end) = wire::decode_ack_range(&ack);
+            let (batch, size) = in_flight
+                .pop_front()
+                .expect("an ack for an input in flight");
+            assert_eq!(end - start, size as u64, "the ack covers the whole input");
+            history
+                .lock()
+                .unwrap()
+                .acked
+                .insert(batch, (stream, start, end));
+        }
     }
 }
 
@@ -170,16 +239,27 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
 
     let history = Arc::new(Mutex::new(History::default()));
     for round in 0..iterations {
+        // Half the clients append with unary requests, half through append sessions.
         let clients: Vec<_> = (0..CLIENTS)
             .map(|id| {
-                tokio::spawn(append_until_failure(
-                    client.clone(),
-                    endpoint.clone(),
-                    STREAMS,
-                    id,
-                    round,
-                    history.clone(),
-                ))
+                if id % 2 == 0 {
+                    tokio::spawn(append_until_failure(
+                        client.clone(),
+                        endpoint.clone(),
+                        STREAMS,
+                        id,
+                        round,
+                        history.clone(),
+                    ))
+                } else {
+                    tokio::spawn(session_until_failure(
+                        endpoint.clone(),
+                        id % STREAMS,
+                        id,
+                        round,
+                        history.clone(),
+                    ))
+                }
             })
             .collect();
         let delay = rand::rng().random_range(50..600);
