@@ -8,6 +8,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use futures::stream::{FuturesOrdered, StreamExt};
+use futures::FutureExt;
 use prost::Message;
 use streamgate_core::config::StreamConfig;
 use streamgate_core::names::{BasinName, StreamName};
@@ -57,20 +58,11 @@ impl AppendSession {
             let flags = if draining { RECONNECT_ADVISED } else { 0 };
             tokio::select! {
                 biased;
-                Some(ack) = in_flight.next(), if !in_flight.is_empty() => match ack {
-                    Ok(ack) => {
-                        let frame = encode_message(&proto::AppendAck::from(ack), self.compression, flags);
-                        if out.send(frame).await.is_err() {
-                            return; // the client went away
-                        }
+                Some(ack) = in_flight.next(), if !in_flight.is_empty() => {
+                    if !self.deliver(ack, flags, &out, &mut in_flight, &mut failure).await {
+                        return; // the client went away
                     }
-                    Err(err) => {
-                        // Later inputs were sequenced after this one; none of them may be
-                        // acknowledged now.
-                        failure.get_or_insert(ApiError::from(err));
-                        in_flight.clear();
-                    }
-                },
+                }
                 _ = drain.started(), if !draining => {
                     draining = true;
                     reading = false;
@@ -81,13 +73,26 @@ impl AppendSession {
                             decoder.push(&data);
                             loop {
                                 match decoder.next_frame() {
-                                    Ok(Some(Frame::Message(message))) => match self.submit(message).await {
+                                    Ok(Some(Frame::Message(message))) => {
+                                        // Acks that are ready go out before a submit that may
+                                        // wait for the in-flight budget, so clients never wait
+                                        // on acks the server already has.
+                                        while let Some(Some(ack)) = in_flight.next().now_or_never() {
+                                            if !self.deliver(ack, flags, &out, &mut in_flight, &mut failure).await {
+                                                return;
+                                            }
+                                        }
+                                        if failure.is_some() {
+                                            break;
+                                        }
+                                        match self.submit(message).await {
                                         Ok(pending) => in_flight.push_back(pending),
                                         Err(err) => {
                                             failure = Some(err);
                                             break;
                                         }
-                                    },
+                                    }
+                                    }
                                     Ok(Some(Frame::Terminal { .. })) => {
                                         failure = Some(ApiError::bad_frame("clients may not send terminal frames; end the request body instead"));
                                         break;
@@ -121,6 +126,31 @@ impl AppendSession {
             let _ = out
                 .send(encode_terminal(err.status().as_u16(), err.body(), flags))
                 .await;
+        }
+    }
+
+    /// Sends one acknowledgement, or records the failure that ends the session. Returns
+    /// false if the client has gone away.
+    async fn deliver(
+        &self,
+        ack: streamgate_core::Result<streamgate_core::record::AppendAck>,
+        flags: u8,
+        out: &mpsc::Sender<Bytes>,
+        in_flight: &mut FuturesOrdered<streamgate_core::PendingAck>,
+        failure: &mut Option<ApiError>,
+    ) -> bool {
+        match ack {
+            Ok(ack) => {
+                let frame = encode_message(&proto::AppendAck::from(ack), self.compression, flags);
+                out.send(frame).await.is_ok()
+            }
+            Err(err) => {
+                // Later inputs were sequenced after this one; none of them may be
+                // acknowledged now.
+                failure.get_or_insert(ApiError::from(err));
+                in_flight.clear();
+                true
+            }
         }
     }
 
