@@ -207,6 +207,42 @@ pub async fn create_streams(endpoint: &str, basin: &str, streams: &[&str]) {
     }
 }
 
+/// Every record of a stream from its first retained one to the tail, as the REST API
+/// returns them (JSON objects), paging through single-batch reads.
+pub async fn read_stream(endpoint: &str, basin: &str, stream: &str) -> Vec<serde_json::Value> {
+    let client = reqwest::Client::new();
+    let mut records: Vec<serde_json::Value> = Vec::new();
+    loop {
+        let next = records
+            .last()
+            .map_or(0, |r| r["seq_num"].as_u64().unwrap() + 1);
+        let response = client
+            .get(format!(
+                "{endpoint}/v1/streams/{stream}/records?seq_num={next}&count=1000"
+            ))
+            .header("s2-basin", basin)
+            .send()
+            .await
+            .expect("reading a stream");
+        if response.status() == 416 {
+            return records;
+        }
+        assert!(
+            response.status().is_success(),
+            "reading {stream}: {}",
+            response.status()
+        );
+        let batch: serde_json::Value = response.json().await.expect("a JSON batch");
+        records.extend(
+            batch["records"]
+                .as_array()
+                .expect("records")
+                .iter()
+                .cloned(),
+        );
+    }
+}
+
 /// A minimal protobuf writer for `s2.v1.AppendInput`, written from the spec's field
 /// numbers, so tests and benchmarks check the server against the wire format rather
 /// than against the server's own types.

@@ -148,30 +148,19 @@ async fn session_until_failure(
     }
 }
 
-async fn read_all(client: &Client, endpoint: &str, stream: usize) -> Vec<(u64, u64, String)> {
-    let mut records = Vec::new();
-    loop {
-        let response = client
-            .get(format!(
-                "{endpoint}/v1/streams/s{stream}/records?seq_num={}&count=1000",
-                records.len()
-            ))
-            .header("s2-basin", BASIN)
-            .send()
-            .await
-            .unwrap();
-        if response.status() == 416 {
-            return records;
-        }
-        let batch: Value = response.json().await.unwrap();
-        for r in batch["records"].as_array().unwrap() {
-            records.push((
+/// A stream's records as (seq_num, timestamp, body).
+async fn read_all(endpoint: &str, stream: usize) -> Vec<(u64, u64, String)> {
+    streamgate_tests::read_stream(endpoint, BASIN, &format!("s{stream}"))
+        .await
+        .iter()
+        .map(|r| {
+            (
                 r["seq_num"].as_u64().unwrap(),
                 r["timestamp"].as_u64().unwrap(),
                 r["body"].as_str().unwrap().to_owned(),
-            ));
-        }
-    }
+            )
+        })
+        .collect()
 }
 
 fn verify(history: &History, streams: &[Vec<(u64, u64, String)>]) -> usize {
@@ -271,7 +260,7 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
         server.restart();
         let mut streams = Vec::new();
         for s in 0..STREAMS {
-            streams.push(read_all(&client, &endpoint, s).await);
+            streams.push(read_all(&endpoint, s).await);
         }
         let history = history.lock().unwrap();
         let present = verify(&history, &streams);
@@ -322,7 +311,7 @@ async fn sigterm_drains_and_acknowledged_records_survive() {
         c.await.unwrap();
     }
     server.restart();
-    let mut streams = vec![read_all(&client, &endpoint, 0).await];
+    let mut streams = vec![read_all(&endpoint, 0).await];
     streams.extend([Vec::new(), Vec::new()]);
     let history = history.lock().unwrap();
     verify(&history, &streams);

@@ -226,38 +226,16 @@ async fn sigterm_acknowledges_accepted_inputs_then_ends_append_sessions_with_ser
 
     // After a restart the stream holds exactly the acknowledged inputs, in order.
     server.restart();
-    let client = Client::new();
-    let tail: Value = client
-        .get(format!("{endpoint}/v1/streams/drained/records/tail"))
-        .header("s2-basin", BASIN)
-        .send()
+    let bodies: Vec<String> = streamgate_tests::read_stream(&endpoint, BASIN, "drained")
         .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .iter()
+        .map(|r| r["body"].as_str().unwrap().to_owned())
+        .collect();
+    let expected: Vec<String> = (0..acked_end).map(|i| format!("input-{i}")).collect();
     assert_eq!(
-        tail["tail"]["seq_num"], acked_end,
-        "every acknowledged input, and nothing else"
+        bodies, expected,
+        "every acknowledged input, in order, and nothing else"
     );
-    let mut next = 0;
-    while next < acked_end {
-        let batch: Value = client
-            .get(format!(
-                "{endpoint}/v1/streams/drained/records?seq_num={next}"
-            ))
-            .header("s2-basin", BASIN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        for record in batch["records"].as_array().unwrap() {
-            assert_eq!(record["body"], format!("input-{next}"));
-            next += 1;
-        }
-    }
 }
 
 /// Reads SSE events one at a time from a streaming response.
