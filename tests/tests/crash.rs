@@ -1,5 +1,6 @@
-//! Crash recovery: several clients append continuously to several streams while the
-//! server is `kill -9`ed at random moments, again and again. After every restart:
+//! Crash recovery: several clients append continuously to several streams (unary REST,
+//! S2S append sessions, pipelined Redis XADDs) while the server is `kill -9`ed at random
+//! moments, again and again. After every restart:
 //! - every acknowledged batch is present exactly once, at the positions its ack gave;
 //! - sequence numbers are dense and timestamps never go backwards;
 //! - a batch whose ack never came is either wholly present or wholly absent;
@@ -148,7 +149,87 @@ async fn session_until_failure(
     }
 }
 
-/// A stream's records as (seq_num, timestamp, body).
+/// Like `append_until_failure`, through pipelined Redis `XADD`s (up to 16 in flight) on
+/// the RESP port: each XADD is a one-record batch whose field `b` carries the body.
+async fn resp_until_failure(
+    resp_port: u16,
+    stream: usize,
+    id: usize,
+    round: usize,
+    history: Arc<Mutex<History>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut socket) = tokio::net::TcpStream::connect(("127.0.0.1", resp_port)).await else {
+        return;
+    };
+    let command = |args: &[&str]| {
+        let mut out = format!("*{}\r\n", args.len());
+        for arg in args {
+            out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        out
+    };
+    if socket
+        .write_all(command(&["AUTH", BASIN, "token"]).as_bytes())
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let mut buffer = Vec::new();
+    let mut authenticated = false;
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut n = 0;
+    let key = format!("s{stream}");
+    loop {
+        if authenticated {
+            let mut pipeline = String::new();
+            while in_flight.len() < 16 {
+                let batch = format!("c{id}r{round}x{n}");
+                n += 1;
+                history.lock().unwrap().sent.insert(batch.clone(), 1);
+                pipeline.push_str(&command(&["XADD", &key, "*", "b", &format!("{batch}/0")]));
+                in_flight.push_back(batch);
+            }
+            if socket.write_all(pipeline.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        match tokio::time::timeout(Duration::from_secs(10), socket.read(&mut chunk)).await {
+            Ok(Ok(read)) if read > 0 => buffer.extend_from_slice(&chunk[..read]),
+            _ => return, // the server died: the unacknowledged XADDs' fate is unknown
+        }
+        // Replies: `+OK` to AUTH, then one bulk string `$len\r\n<ts>-<seq>\r\n` per XADD.
+        while let Some(end) = buffer.windows(2).position(|w| w == b"\r\n") {
+            let line = String::from_utf8(buffer[..end].to_vec()).unwrap();
+            if let Some(len) = line.strip_prefix('$') {
+                let len: usize = len.parse().unwrap();
+                if buffer.len() < end + 2 + len + 2 {
+                    break;
+                }
+                let id = String::from_utf8(buffer[end + 2..end + 2 + len].to_vec()).unwrap();
+                buffer.drain(..end + 2 + len + 2);
+                let seq: u64 = id.rsplit('-').next().unwrap().parse().unwrap();
+                let batch = in_flight
+                    .pop_front()
+                    .expect("a reply for an XADD in flight");
+                history
+                    .lock()
+                    .unwrap()
+                    .acked
+                    .insert(batch, (stream, seq, seq + 1));
+            } else {
+                buffer.drain(..end + 2);
+                assert_eq!(line, "+OK", "AUTH succeeds and XADDs reply with IDs");
+                authenticated = true;
+            }
+        }
+    }
+}
+
+/// A stream's records as (seq_num, timestamp, body); a Redis entry's body is its
+/// field `b`.
 async fn read_all(endpoint: &str, stream: usize) -> Vec<(u64, u64, String)> {
     streamgate_tests::read_stream(endpoint, BASIN, &format!("s{stream}"))
         .await
@@ -157,7 +238,15 @@ async fn read_all(endpoint: &str, stream: usize) -> Vec<(u64, u64, String)> {
             (
                 r["seq_num"].as_u64().unwrap(),
                 r["timestamp"].as_u64().unwrap(),
-                r["body"].as_str().unwrap().to_owned(),
+                match r.get("body") {
+                    Some(body) => body.as_str().unwrap().to_owned(),
+                    None => {
+                        let headers = r["headers"].as_array().unwrap();
+                        assert_eq!(headers[0], json!(["s2-resp.v", "1"]));
+                        assert_eq!(headers[1][0], "b");
+                        headers[1][1].as_str().unwrap().to_owned()
+                    }
+                },
             )
         })
         .collect()
@@ -222,16 +311,26 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
     let mut server = Server::start(dir.path());
     let client = Client::new();
     let endpoint = server.endpoint.clone();
+    let resp_port = server.resp_port;
     let streams: Vec<String> = (0..STREAMS).map(|s| format!("s{s}")).collect();
     let names: Vec<&str> = streams.iter().map(String::as_str).collect();
     streamgate_tests::create_streams(&endpoint, BASIN, &names).await;
 
     let history = Arc::new(Mutex::new(History::default()));
     for round in 0..iterations {
-        // Half the clients append with unary requests, half through append sessions.
+        // The clients append with unary requests, through append sessions, and through
+        // pipelined Redis XADDs, in turn.
         let clients: Vec<_> = (0..CLIENTS)
             .map(|id| {
-                if id % 2 == 0 {
+                if id % 3 == 2 {
+                    tokio::spawn(resp_until_failure(
+                        resp_port,
+                        id % STREAMS,
+                        id,
+                        round,
+                        history.clone(),
+                    ))
+                } else if id % 3 == 0 {
                     tokio::spawn(append_until_failure(
                         client.clone(),
                         endpoint.clone(),
@@ -270,6 +369,17 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
             history.acked.len()
         );
         assert!(!history.acked.is_empty() || round == 0);
+    }
+    // Every kind of client had appends acknowledged: unary (`n`), session (`s`), RESP (`x`).
+    for kind in ['n', 's', 'x'] {
+        let count = history
+            .lock()
+            .unwrap()
+            .acked
+            .keys()
+            .filter(|batch| batch.trim_start_matches(|c: char| c != 'r')[1..].contains(kind))
+            .count();
+        assert!(count > 0, "no `{kind}` client had an append acknowledged");
     }
     let acked = history.lock().unwrap().acked.len();
     assert!(
