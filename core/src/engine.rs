@@ -16,9 +16,7 @@ use crate::config::{
 use crate::error::{Error, Result};
 use crate::names::{BasinName, StreamName};
 use crate::read::{ReadBatch, ReadRequest, ReadStart, StreamReader, MAX_UNARY_WAIT};
-use crate::record::{
-    AppendAck, AppendInput, AppendRecord, Command, SequencedRecord, StreamPosition,
-};
+use crate::record::{AppendAck, AppendInput, Command, SequencedRecord, StreamPosition};
 use crate::storage::metadata::{Created, ListRange};
 use crate::storage::{BasinRecord, ListPage, MetadataStore, ObjectStore, StreamRecord};
 use crate::stream::{BatchLocation, CommandEffects, SequencerState, StreamState};
@@ -553,16 +551,15 @@ impl Engine {
         input: AppendInput,
         create_config: Option<&StreamConfig>,
     ) -> Result<PendingAck> {
-        let commands = input.validate()?;
+        let valid = input.validate()?;
         self.check_accepting()?;
         let create_config = create_config.copied().unwrap_or_default();
         let state = self
             .stream_for(basin, name, Some((AutoCreate::OnAppend, &create_config)))
             .await?;
         // Waiting for budget changes nothing, so a request dropped here leaves no trace.
-        let metered: u64 = input.records.iter().map(AppendRecord::metered_size).sum();
         let total = self.inner.settings.max_inflight_bytes / 1024;
-        let kib = (metered.div_ceil(1024) as usize).clamp(1, total.max(1)) as u32;
+        let kib = (valid.metered.div_ceil(1024) as usize).clamp(1, total.max(1)) as u32;
         let budget = self
             .inner
             .inflight
@@ -583,7 +580,7 @@ impl Engine {
             .reserve()
             .await
             .map_err(|_| Error::Unavailable("the write-ahead log writer stopped".into()))?;
-        let batch = state.sequence(&mut sequencer, input, &commands, now_ms())?;
+        let batch = state.sequence(&mut sequencer, input, &valid.commands, now_ms())?;
         slot.send(PendingAppend {
             batch,
             done,

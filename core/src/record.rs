@@ -128,8 +128,9 @@ pub struct AppendInput {
 }
 
 impl AppendInput {
-    /// Checks every documented rule and returns the commands the batch carries, by index.
-    pub fn validate(&self) -> Result<Vec<(usize, Command)>> {
+    /// Checks every documented rule; returns the commands the batch carries (by index)
+    /// and its metered size.
+    pub fn validate(&self) -> Result<ValidBatch> {
         if self.records.is_empty() || self.records.len() > MAX_BATCH_RECORDS {
             return Err(Error::invalid(format!(
                 "a batch must contain between 1 and {MAX_BATCH_RECORDS} records (got {})",
@@ -151,8 +152,15 @@ impl AppendInput {
                 commands.push((index, command));
             }
         }
-        Ok(commands)
+        Ok(ValidBatch { commands, metered })
     }
+}
+
+/// What validating a batch found out about it.
+#[derive(Debug)]
+pub struct ValidBatch {
+    pub commands: Vec<(usize, Command)>,
+    pub metered: u64,
 }
 
 /// What an acknowledged append tells the client.
