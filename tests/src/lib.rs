@@ -84,6 +84,13 @@ impl Server {
 
     fn spawn(&mut self) {
         let listen = format!("127.0.0.1:{}", self.port);
+        // Deletions finish within a second in tests, unless a test asks otherwise.
+        let reap_default = ["--reap-interval-secs", "1"];
+        let reap: &[&str] = if self.extra_args.iter().any(|a| a == "--reap-interval-secs") {
+            &[]
+        } else {
+            &reap_default
+        };
         let mut child = Command::new(binary())
             .arg("--data-dir")
             .arg(&self.data_dir)
@@ -91,8 +98,7 @@ impl Server {
             .arg(&listen)
             .arg("--resp-listen")
             .arg(format!("127.0.0.1:{}", self.resp_listen))
-            .arg("--reap-interval-secs")
-            .arg("1")
+            .args(reap)
             .args(&self.extra_args)
             .env(
                 "STREAMGATE_LOG",

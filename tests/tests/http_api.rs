@@ -78,7 +78,8 @@ async fn with_stream(api: &Api, stream: &str) {
 #[tokio::test]
 async fn basin_lifecycle_pagination_and_idempotent_create() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    // Deletions stay pending for the whole test, so their effects are deterministic.
+    let server = Server::start_with(dir.path(), &["--reap-interval-secs", "600"]);
     let api = Api::new(&server);
 
     for name in ["page-basin-a", "page-basin-b", "page-basin-c"] {
@@ -220,12 +221,17 @@ async fn basin_lifecycle_pagination_and_idempotent_create() {
             &[],
         )
         .await;
-    // The reaper may already have finished (it runs every second in tests).
-    if status == StatusCode::CONFLICT {
-        assert_eq!(body["code"], "basin_deletion_pending");
-    } else {
-        assert_eq!(status, StatusCode::CREATED);
-    }
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(body["code"], "basin_deletion_pending");
+    let (_, listed, _) = api
+        .call(Method::GET, "/basins?prefix=page-basin-c", None, None, &[])
+        .await;
+    assert_eq!(listed["basins"][0]["name"], "page-basin-c");
+    assert!(
+        listed["basins"][0]["deleted_at"].is_string(),
+        "listed with deleted_at"
+    );
+    assert_eq!(listed["basins"][0]["state"], "deleting");
     let (status, body, _) = api
         .call(Method::GET, "/basins/no-such-basin", None, None, &[])
         .await;
