@@ -13,6 +13,12 @@ impl BasinName {
     pub const MIN_LEN: usize = 8;
     pub const MAX_LEN: usize = 48;
 
+    /// The basin a `{basin}.b.…` host name addresses, if it is one: how S2 clients name a
+    /// basin in the endpoint instead of a header.
+    pub fn from_host(host: &str) -> Option<Result<Self>> {
+        host.split_once(".b.").map(|(basin, _)| Self::new(basin))
+    }
+
     pub fn new(name: impl Into<String>) -> Result<Self> {
         let name = name.into();
         if name.len() < Self::MIN_LEN || name.len() > Self::MAX_LEN {

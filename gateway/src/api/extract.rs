@@ -31,8 +31,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Basin {
             .get(axum::http::header::HOST)
             .and_then(|h| h.to_str().ok())
             .or_else(|| parts.uri.host());
-        if let Some((basin, _)) = host.and_then(|h| h.split_once(".b.")) {
-            return BasinName::new(basin)
+        if let Some(basin) = host.and_then(BasinName::from_host) {
+            return basin
                 .map(Basin)
                 .map_err(|e| ApiError::bad_header(format!("basin in host name: {e}")));
         }
