@@ -558,13 +558,11 @@ impl Engine {
             .stream_for(basin, name, Some((AutoCreate::OnAppend, &create_config)))
             .await?;
         // Waiting for budget changes nothing, so a request dropped here leaves no trace.
-        let total = self.inner.settings.max_inflight_bytes / 1024;
-        let kib = (valid.metered.div_ceil(1024) as usize).clamp(1, total.max(1)) as u32;
         let budget = self
             .inner
             .inflight
             .clone()
-            .acquire_many_owned(kib)
+            .acquire_many_owned(self.budget_kib(valid.metered))
             .await
             .map_err(|_| Error::ServerDraining)?;
         let (done, ack) = oneshot::channel();
@@ -587,6 +585,19 @@ impl Engine {
             _budget: budget,
         });
         Ok(PendingAck(ack))
+    }
+
+    /// The share of the in-flight byte budget a batch of `metered` bytes takes, in KiB.
+    fn budget_kib(&self, metered: u64) -> u32 {
+        let total = self.inner.settings.max_inflight_bytes / 1024;
+        (metered.div_ceil(1024) as usize).clamp(1, total.max(1)) as u32
+    }
+
+    /// Whether an append of `metered` bytes would have to wait now because the bytes
+    /// already on their way to durability use up the in-flight budget. Front ends whose
+    /// clients retry by protocol (OTLP exporters) answer "retry later" instead of queueing.
+    pub fn is_congested(&self, metered: u64) -> bool {
+        self.inner.inflight.available_permits() < self.budget_kib(metered) as usize
     }
 
     fn check_accepting(&self) -> Result<()> {
