@@ -65,10 +65,11 @@ pub fn router(engine: Engine, drain: sessions::Drain) -> Router {
         .route("/metrics", get(not_implemented_metrics))
         .route("/metrics/{*rest}", get(not_implemented_metrics))
         .fallback(unknown_endpoint)
-        .with_state(engine);
+        .with_state(engine.clone());
     Router::new()
         .route("/health", get(|| async { "ok" }))
         .nest("/v1", v1)
+        .nest("/otlp", streamgate_otlp::router(engine))
         .fallback(unknown_endpoint)
         .layer(axum::Extension(drain))
         .layer(CompressionLayer::new().compress_when(compress_when))

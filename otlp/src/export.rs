@@ -1,0 +1,185 @@
+//! Storing a parsed export: each stream's records go into one append (or, beyond the
+//! limits of one append, consecutive appends), submitted in request order and
+//! acknowledged only once durable.
+
+use bytes::Bytes;
+use futures::future::try_join_all;
+use streamgate_core::names::{BasinName, StreamName};
+use streamgate_core::record::{
+    metered_size, AppendInput, AppendRecord, Header, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS,
+};
+use streamgate_core::{Engine, Error};
+
+use crate::request::{Encoding, ParsedGroup};
+use crate::signal::Signal;
+
+/// Record header naming the signal: `traces`, `metrics` or `logs`.
+pub const SIGNAL_HEADER: &str = "s2-otlp.signal";
+/// Record header naming the body's encoding, as the request's media type.
+pub const CONTENT_TYPE_HEADER: &str = "content-type";
+
+/// What was stored and what was turned away (reported through `partial_success`).
+#[derive(Debug, Default)]
+pub(crate) struct Outcome {
+    pub accepted_groups: usize,
+    pub rejected_groups: usize,
+    pub rejected_items: u64,
+    pub messages: Vec<String>,
+}
+
+impl Outcome {
+    fn reject(&mut self, groups: usize, items: u64, message: String) {
+        self.rejected_groups += groups;
+        self.rejected_items += items;
+        if !self.messages.contains(&message) {
+            self.messages.push(message);
+        }
+    }
+}
+
+/// Why a whole request failed.
+#[derive(Debug)]
+pub(crate) enum ExportError {
+    /// The basin does not exist.
+    NotFound(String),
+    /// Overloaded, shutting down or storage trouble: the exporter should retry.
+    Unavailable(String),
+}
+
+/// The records headers of one signal and encoding, and the most body one record holds.
+pub(crate) fn record_headers(signal: Signal, encoding: Encoding) -> Vec<Header> {
+    vec![
+        Header {
+            name: Bytes::from_static(SIGNAL_HEADER.as_bytes()),
+            value: Bytes::from_static(signal.name().as_bytes()),
+        },
+        Header {
+            name: Bytes::from_static(CONTENT_TYPE_HEADER.as_bytes()),
+            value: Bytes::from_static(encoding.media_type().as_bytes()),
+        },
+    ]
+}
+
+/// The largest record body that fits one record next to `headers`.
+pub(crate) fn record_body_limit(headers: &[Header]) -> usize {
+    (MAX_BATCH_METERED_BYTES - metered_size(headers, &[])) as usize
+}
+
+struct StreamWork {
+    stream: StreamName,
+    groups: usize,
+    items: u64,
+    bodies: Vec<Bytes>,
+}
+
+pub(crate) async fn store(
+    engine: &Engine,
+    basin: &BasinName,
+    headers: Vec<Header>,
+    groups: Vec<ParsedGroup>,
+) -> Result<Outcome, ExportError> {
+    let mut outcome = Outcome::default();
+    // Per stream, in the order streams first appear in the request.
+    let mut work: Vec<StreamWork> = Vec::new();
+    for group in groups {
+        match group.target {
+            Err(message) => outcome.reject(1, group.items, message),
+            Ok((stream, bodies)) => {
+                let entry = match work.iter().position(|w| w.stream == stream) {
+                    Some(at) => &mut work[at],
+                    None => {
+                        work.push(StreamWork {
+                            stream,
+                            groups: 0,
+                            items: 0,
+                            bodies: Vec::new(),
+                        });
+                        work.last_mut().expect("just pushed")
+                    }
+                };
+                entry.groups += 1;
+                entry.items += group.items;
+                entry.bodies.extend(bodies);
+            }
+        }
+    }
+
+    let total: u64 = work
+        .iter()
+        .flat_map(|w| &w.bodies)
+        .map(|b| metered_size(&headers, b))
+        .sum();
+    if engine.is_congested(total) {
+        return Err(ExportError::Unavailable(
+            "the server is writing as fast as storage allows; retry shortly".into(),
+        ));
+    }
+
+    let mut pending = Vec::new();
+    for stream in work {
+        let batches = batches(&headers, stream.bodies);
+        let mut stored = true;
+        for (index, records) in batches.into_iter().enumerate() {
+            let input = AppendInput {
+                records,
+                ..Default::default()
+            };
+            match engine
+                .submit_append(basin, &stream.stream, input, None)
+                .await
+            {
+                Ok(ack) => pending.push(ack),
+                Err(Error::BasinNotFound(_)) => {
+                    return Err(ExportError::NotFound(format!(
+                        "basin `{basin}` does not exist"
+                    )))
+                }
+                Err(e @ (Error::Unavailable(_) | Error::ServerDraining | Error::Storage(_))) => {
+                    return Err(ExportError::Unavailable(e.to_string()))
+                }
+                // Nothing of this stream's was stored (the stream is missing and the basin
+                // does not create streams on append, or it is being deleted): the
+                // exporter learns which data was turned away and why.
+                Err(e) if index == 0 => {
+                    outcome.reject(stream.groups, stream.items, e.to_string());
+                    stored = false;
+                    break;
+                }
+                Err(e) => return Err(ExportError::Unavailable(e.to_string())),
+            }
+        }
+        if stored {
+            outcome.accepted_groups += stream.groups;
+        }
+    }
+    try_join_all(pending)
+        .await
+        .map_err(|e| ExportError::Unavailable(e.to_string()))?;
+    Ok(outcome)
+}
+
+/// Packs records into batches within the limits of one append.
+fn batches(headers: &[Header], bodies: Vec<Bytes>) -> Vec<Vec<AppendRecord>> {
+    let mut batches: Vec<Vec<AppendRecord>> = Vec::new();
+    let mut metered = 0;
+    for body in bodies {
+        let size = metered_size(headers, &body);
+        let full = batches.last().is_none_or(|b| {
+            b.len() == MAX_BATCH_RECORDS || metered + size > MAX_BATCH_METERED_BYTES
+        });
+        if full {
+            batches.push(Vec::new());
+            metered = 0;
+        }
+        metered += size;
+        batches
+            .last_mut()
+            .expect("a batch is open")
+            .push(AppendRecord {
+                timestamp: None,
+                headers: headers.to_vec(),
+                body,
+            });
+    }
+    batches
+}

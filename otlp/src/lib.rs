@@ -1,0 +1,228 @@
+//! The OTLP/HTTP front end: OpenTelemetry exporters and the Collector send traces,
+//! metrics and logs to `/otlp/v1/{traces,metrics,logs}`; each resource group lands in
+//! the stream its `s2.stream` resource attribute names.
+//!
+//! Record format (version 1): one record per resource group per request (more only when
+//! a group exceeds the 1 MiB record limit and is split by scope, then by item). Its body
+//! is an `Export{Trace,Metrics,Logs}ServiceRequest` holding that one group, in the
+//! encoding the request arrived in; its headers are `s2-otlp.signal` (`traces`,
+//! `metrics` or `logs`) and `content-type` (`application/x-protobuf` or
+//! `application/json`). Any OTLP decoder reads a body back as an export request.
+
+mod export;
+mod request;
+mod signal;
+mod split;
+mod wire;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use prost::Message;
+use streamgate_core::names::BasinName;
+use streamgate_core::Engine;
+
+pub use export::{CONTENT_TYPE_HEADER, SIGNAL_HEADER};
+pub use request::Encoding;
+pub use signal::{Signal, STREAM_ATTRIBUTE};
+
+use export::{ExportError, Outcome};
+
+/// Largest request body accepted, after decompression. Exporters are advised to send
+/// at most 512 KiB; a request may still carry several streams' worth.
+const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+
+/// The routes, to be mounted under `/otlp`.
+pub fn router(engine: Engine) -> Router {
+    let route = |signal: Signal| {
+        post(move |State(engine): State<Engine>, request: Request| export(engine, signal, request))
+    };
+    Router::new()
+        .route("/v1/traces", route(Signal::Traces))
+        .route("/v1/metrics", route(Signal::Metrics))
+        .route("/v1/logs", route(Signal::Logs))
+        .with_state(engine)
+}
+
+async fn export(engine: Engine, signal: Signal, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let Some(encoding) = Encoding::from_content_type(content_type) else {
+        return failure(
+            Encoding::Json,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            RpcCode::InvalidArgument,
+            format!("Content-Type `{content_type}` is not an OTLP encoding: send application/x-protobuf or application/json"),
+        );
+    };
+    let basin = match basin(&parts.headers, parts.uri.host()) {
+        Ok(basin) => basin,
+        Err(message) => {
+            return failure(
+                encoding,
+                StatusCode::BAD_REQUEST,
+                RpcCode::InvalidArgument,
+                message,
+            )
+        }
+    };
+    let body = match axum::body::to_bytes(Body::new(body), MAX_REQUEST_BYTES).await {
+        Ok(body) => body,
+        Err(e) => {
+            return failure(
+                encoding,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                RpcCode::InvalidArgument,
+                format!("could not read the request body (at most {MAX_REQUEST_BYTES} bytes after decompression): {e}"),
+            )
+        }
+    };
+    let headers = export::record_headers(signal, encoding);
+    let limit = export::record_body_limit(&headers);
+    let groups = match request::parse(signal, encoding, &body, limit) {
+        Ok(groups) => groups,
+        Err(message) => {
+            return failure(
+                encoding,
+                StatusCode::BAD_REQUEST,
+                RpcCode::InvalidArgument,
+                message,
+            )
+        }
+    };
+    match export::store(&engine, &basin, headers, groups).await {
+        Ok(outcome) if outcome.accepted_groups == 0 && outcome.rejected_groups > 0 => failure(
+            encoding,
+            StatusCode::BAD_REQUEST,
+            RpcCode::InvalidArgument,
+            format!(
+                "nothing in the request could be stored: {}",
+                outcome.messages.join("; ")
+            ),
+        ),
+        Ok(outcome) => success(signal, encoding, &outcome),
+        Err(ExportError::NotFound(message)) => {
+            failure(encoding, StatusCode::NOT_FOUND, RpcCode::NotFound, message)
+        }
+        Err(ExportError::Unavailable(message)) => {
+            tracing::debug!(%message, "OTLP export turned away for now");
+            let mut response = failure(
+                encoding,
+                StatusCode::SERVICE_UNAVAILABLE,
+                RpcCode::Unavailable,
+                message,
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            response
+        }
+    }
+}
+
+/// The basin: the `s2-basin` header, or a `{basin}.b.…` host, as for the REST API.
+fn basin(headers: &HeaderMap, uri_host: Option<&str>) -> Result<BasinName, String> {
+    if let Some(value) = headers.get("s2-basin") {
+        let name = value
+            .to_str()
+            .map_err(|_| "`s2-basin` is not valid text".to_string())?;
+        return BasinName::new(name.trim()).map_err(|e| format!("`s2-basin`: {e}"));
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or(uri_host);
+    match host.and_then(BasinName::from_host) {
+        Some(basin) => basin.map_err(|e| format!("basin in host name: {e}")),
+        None => Err("missing header `s2-basin`: name the basin in it (the Collector's `headers` setting), or address the server as `{basin}.b.<host>`".into()),
+    }
+}
+
+/// `Export*ServiceResponse`: field 1 is `partial_success`, whose field 1 is the
+/// rejected count and field 2 the message, in all three signals.
+#[derive(Clone, PartialEq, Message)]
+struct ExportResponse {
+    #[prost(message, optional, tag = "1")]
+    partial_success: Option<PartialSuccess>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct PartialSuccess {
+    #[prost(int64, tag = "1")]
+    rejected: i64,
+    #[prost(string, tag = "2")]
+    error_message: String,
+}
+
+fn success(signal: Signal, encoding: Encoding, outcome: &Outcome) -> Response {
+    let partial = (outcome.rejected_groups > 0).then(|| PartialSuccess {
+        rejected: outcome.rejected_items as i64,
+        error_message: outcome.messages.join("; "),
+    });
+    let body = match encoding {
+        Encoding::Protobuf => ExportResponse {
+            partial_success: partial,
+        }
+        .encode_to_vec(),
+        Encoding::Json => {
+            let mut response = serde_json::Map::new();
+            if let Some(partial) = partial {
+                // The OTLP JSON mapping writes 64-bit integers as strings.
+                response.insert(
+                    "partialSuccess".into(),
+                    serde_json::json!({
+                        signal.rejected_key(): partial.rejected.to_string(),
+                        "errorMessage": partial.error_message,
+                    }),
+                );
+            }
+            serde_json::to_vec(&response).expect("a JSON value always serializes")
+        }
+    };
+    ([(header::CONTENT_TYPE, encoding.media_type())], body).into_response()
+}
+
+/// The `google.rpc.Status` codes used here.
+#[derive(Clone, Copy)]
+enum RpcCode {
+    InvalidArgument = 3,
+    NotFound = 5,
+    Unavailable = 14,
+}
+
+/// `google.rpc.Status`, the body of OTLP/HTTP failures.
+#[derive(Clone, PartialEq, Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+fn failure(encoding: Encoding, status: StatusCode, code: RpcCode, message: String) -> Response {
+    let body = match encoding {
+        Encoding::Protobuf => RpcStatus {
+            code: code as i32,
+            message,
+        }
+        .encode_to_vec(),
+        Encoding::Json => serde_json::to_vec(&serde_json::json!({
+            "code": code as i32,
+            "message": message,
+        }))
+        .expect("a JSON value always serializes"),
+    };
+    (
+        status,
+        [(header::CONTENT_TYPE, encoding.media_type())],
+        body,
+    )
+        .into_response()
+}

@@ -1,0 +1,657 @@
+//! Taking an export request apart into its resource groups: each group's target stream,
+//! its item count, and the record bodies it becomes.
+//!
+//! A record body is an export request holding exactly that one group, in the encoding
+//! the request arrived in. For protobuf it is the group's bytes as sent (field 1 of the
+//! request, unchanged); for JSON it is the group's JSON object as sent. A group larger
+//! than one record is split by scope and item (see `split`).
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+use streamgate_core::names::StreamName;
+
+use crate::signal::Signal;
+use crate::split::{self, Group, Scope};
+use crate::wire;
+
+/// The two OTLP/HTTP encodings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    Protobuf,
+    Json,
+}
+
+impl Encoding {
+    /// The encoding a `Content-Type` names, if it is one OTLP/HTTP defines.
+    pub fn from_content_type(value: &str) -> Option<Self> {
+        let essence = value.split(';').next().unwrap_or_default().trim();
+        if essence.eq_ignore_ascii_case("application/x-protobuf")
+            || essence.eq_ignore_ascii_case("application/protobuf")
+        {
+            Some(Encoding::Protobuf)
+        } else if essence.eq_ignore_ascii_case("application/json") {
+            Some(Encoding::Json)
+        } else {
+            None
+        }
+    }
+
+    /// The media type of responses and of the `content-type` record header.
+    pub fn media_type(self) -> &'static str {
+        match self {
+            Encoding::Protobuf => "application/x-protobuf",
+            Encoding::Json => "application/json",
+        }
+    }
+}
+
+/// One resource group of a request.
+pub(crate) struct ParsedGroup {
+    /// Spans, data points or log records in it.
+    pub items: u64,
+    /// Its stream and record bodies, or why it cannot be stored.
+    pub target: Result<(StreamName, Vec<Bytes>), String>,
+}
+
+/// Parses a request body; an error means it is not a decodable export request.
+/// `record_limit` is the largest record body allowed.
+pub(crate) fn parse(
+    signal: Signal,
+    encoding: Encoding,
+    body: &Bytes,
+    record_limit: usize,
+) -> Result<Vec<ParsedGroup>, String> {
+    match encoding {
+        Encoding::Protobuf => parse_protobuf(signal, body, record_limit),
+        Encoding::Json => parse_json(signal, body, record_limit),
+    }
+}
+
+fn too_large(signal: Signal, limit: usize) -> String {
+    format!(
+        "a single item of the resource group is larger than {limit} bytes, the most one record holds, so none of its {} could be stored",
+        signal.item_noun()
+    )
+}
+
+// ---- protobuf ----
+
+fn parse_protobuf(signal: Signal, body: &Bytes, limit: usize) -> Result<Vec<ParsedGroup>, String> {
+    let mut groups = Vec::new();
+    for field in wire::fields(body).map_err(|e| format!("undecodable protobuf: {e}"))? {
+        // Unknown fields are skipped, as protobuf readers do.
+        if field.number != 1 {
+            continue;
+        }
+        if !field.is_len {
+            return Err("undecodable protobuf: a resource group is not a message".into());
+        }
+        let info = signal.inspect_protobuf(&field.payload)?;
+        let target = info.stream.and_then(|stream| {
+            let bodies = if field.raw.len() <= limit {
+                vec![field.raw]
+            } else {
+                let group = protobuf_group(&field.payload)?;
+                split::pieces(group, limit, &encode_protobuf)
+                    .ok_or_else(|| too_large(signal, limit))?
+            };
+            Ok((stream, bodies))
+        });
+        groups.push(ParsedGroup {
+            items: info.items,
+            target,
+        });
+    }
+    Ok(groups)
+}
+
+/// A protobuf resource group: every scope is field 2 of the group, every item field 2
+/// of its scope, in all three signals; heads keep the other fields' bytes as sent.
+fn protobuf_group(group: &Bytes) -> Result<Group<Vec<u8>, Bytes>, String> {
+    let mut head = Vec::new();
+    let mut scopes = Vec::new();
+    for field in wire::fields(group)? {
+        if field.number != 2 {
+            head.extend_from_slice(&field.raw);
+            continue;
+        }
+        let mut scope = Scope {
+            head: Vec::new(),
+            items: Vec::new(),
+        };
+        for field in wire::fields(&field.payload)? {
+            if field.number == 2 {
+                scope.items.push(field.payload);
+            } else {
+                scope.head.extend_from_slice(&field.raw);
+            }
+        }
+        scopes.push(scope);
+    }
+    Ok(Group { head, scopes })
+}
+
+fn encode_protobuf(group: &Group<Vec<u8>, Bytes>) -> Vec<u8> {
+    let mut inner = group.head.clone();
+    for scope in &group.scopes {
+        let mut encoded = scope.head.clone();
+        for item in &scope.items {
+            wire::put_len_field(&mut encoded, 2, item);
+        }
+        wire::put_len_field(&mut inner, 2, &encoded);
+    }
+    let mut request = Vec::with_capacity(inner.len() + 8);
+    wire::put_len_field(&mut request, 1, &inner);
+    request
+}
+
+// ---- JSON ----
+
+fn parse_json(signal: Signal, body: &Bytes, limit: usize) -> Result<Vec<ParsedGroup>, String> {
+    let request: Value = serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
+    let Value::Object(mut request) = request else {
+        return Err("an export request must be a JSON object".into());
+    };
+    let key = signal.groups_key();
+    let groups = match request.remove(key) {
+        Some(Value::Array(groups)) => groups,
+        Some(Value::Null) => Vec::new(),
+        Some(_) => return Err(format!("`{key}` must be an array")),
+        None => {
+            // OTLP/JSON keys are lowerCamelCase; say so rather than store nothing.
+            if let Some(other) = request
+                .keys()
+                .find(|k| k.replace('_', "").eq_ignore_ascii_case(key))
+            {
+                return Err(format!(
+                    "unknown key `{other}`: OTLP/JSON uses lowerCamelCase `{key}`"
+                ));
+            }
+            Vec::new()
+        }
+    };
+    let mut parsed = Vec::with_capacity(groups.len());
+    for group in groups {
+        if !group.is_object() {
+            return Err(format!("each element of `{key}` must be an object"));
+        }
+        let info = signal.inspect_json(&group)?;
+        let target = info.stream.and_then(|stream| {
+            let whole = json_request(signal, &group);
+            let bodies = if whole.len() <= limit {
+                vec![whole.into()]
+            } else {
+                let encode = |g: &Group<Map<String, Value>, Value>| encode_json(signal, g);
+                split::pieces(json_group(signal, group), limit, &encode)
+                    .ok_or_else(|| too_large(signal, limit))?
+            };
+            Ok((stream, bodies))
+        });
+        parsed.push(ParsedGroup {
+            items: info.items,
+            target,
+        });
+    }
+    Ok(parsed)
+}
+
+/// `{"<groups key>":[group]}`, written directly to avoid copying the group.
+fn json_request(signal: Signal, group: &Value) -> Vec<u8> {
+    let mut out = format!("{{\"{}\":[", signal.groups_key()).into_bytes();
+    serde_json::to_writer(&mut out, group).expect("a JSON value always serializes");
+    out.extend_from_slice(b"]}");
+    out
+}
+
+fn json_group(signal: Signal, group: Value) -> Group<Map<String, Value>, Value> {
+    let mut head = as_object(group);
+    let scopes = match head.remove(signal.scopes_key()) {
+        Some(Value::Array(scopes)) => scopes,
+        _ => Vec::new(),
+    };
+    let scopes = scopes
+        .into_iter()
+        .map(|scope| {
+            let mut head = as_object(scope);
+            let items = match head.remove(signal.items_key()) {
+                Some(Value::Array(items)) => items,
+                _ => Vec::new(),
+            };
+            Scope { head, items }
+        })
+        .collect();
+    Group { head, scopes }
+}
+
+fn as_object(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    }
+}
+
+fn encode_json(signal: Signal, group: &Group<Map<String, Value>, Value>) -> Vec<u8> {
+    let mut object = group.head.clone();
+    let scopes = group
+        .scopes
+        .iter()
+        .map(|scope| {
+            let mut object = scope.head.clone();
+            object.insert(signal.items_key().into(), Value::Array(scope.items.clone()));
+            Value::Object(object)
+        })
+        .collect();
+    object.insert(signal.scopes_key().into(), Value::Array(scopes));
+    json_request(signal, &Value::Object(object))
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+    use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+    use opentelemetry_proto::tonic::metrics::v1::{
+        metric, Gauge, Histogram, HistogramDataPoint, Metric, NumberDataPoint, ResourceMetrics,
+        ScopeMetrics,
+    };
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+    use prost::Message;
+
+    use super::*;
+
+    const LIMIT: usize = 1 << 20;
+
+    fn resource(stream: Option<&str>) -> Option<Resource> {
+        let mut attributes = vec![KeyValue {
+            key: "service.name".into(),
+            value: Some(AnyValue {
+                value: Some(any_value::Value::StringValue("checkout".into())),
+            }),
+            ..Default::default()
+        }];
+        if let Some(stream) = stream {
+            attributes.push(KeyValue {
+                key: "s2.stream".into(),
+                value: Some(AnyValue {
+                    value: Some(any_value::Value::StringValue(stream.into())),
+                }),
+                ..Default::default()
+            });
+        }
+        Some(Resource {
+            attributes,
+            ..Default::default()
+        })
+    }
+
+    fn spans(
+        stream: Option<&str>,
+        scopes: usize,
+        per_scope: usize,
+        name_len: usize,
+    ) -> ResourceSpans {
+        ResourceSpans {
+            resource: resource(stream),
+            scope_spans: (0..scopes)
+                .map(|s| ScopeSpans {
+                    scope: None,
+                    spans: (0..per_scope)
+                        .map(|i| Span {
+                            trace_id: vec![s as u8 + 1; 16],
+                            span_id: (i as u64 + 1).to_be_bytes().to_vec(),
+                            name: format!("{s}-{i}-{}", "x".repeat(name_len)),
+                            kind: 2,
+                            ..Default::default()
+                        })
+                        .collect(),
+                    schema_url: format!("scope-{s}"),
+                })
+                .collect(),
+            schema_url: "resource".into(),
+        }
+    }
+
+    fn protobuf(groups: Vec<ResourceSpans>) -> Bytes {
+        ExportTraceServiceRequest {
+            resource_spans: groups,
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    fn target(group: &ParsedGroup) -> (&str, &[Bytes]) {
+        let (stream, bodies) = group.target.as_ref().expect("group accepted");
+        (stream.as_str(), bodies)
+    }
+
+    #[test]
+    fn protobuf_groups_become_single_group_requests_as_sent() {
+        let a = spans(Some("orders"), 2, 3, 4);
+        let b = spans(Some("payments"), 1, 1, 4);
+        let groups = parse(
+            Signal::Traces,
+            Encoding::Protobuf,
+            &protobuf(vec![a.clone(), b.clone()]),
+            LIMIT,
+        )
+        .unwrap();
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].items, 6);
+        assert_eq!(groups[1].items, 1);
+        for (group, original, stream) in [(&groups[0], &a, "orders"), (&groups[1], &b, "payments")]
+        {
+            let (name, bodies) = target(group);
+            assert_eq!(name, stream);
+            assert_eq!(bodies.len(), 1);
+            // Exactly the bytes a one-group request encodes to.
+            assert_eq!(bodies[0], protobuf(vec![original.clone()]));
+        }
+    }
+
+    #[test]
+    fn groups_without_a_valid_stream_are_reported_not_dropped() {
+        let request = protobuf(vec![
+            spans(None, 1, 2, 1),
+            spans(Some(""), 1, 3, 1),
+            spans(Some("ok"), 1, 1, 1),
+        ]);
+        let groups = parse(Signal::Traces, Encoding::Protobuf, &request, LIMIT).unwrap();
+        let missing = groups[0].target.as_ref().unwrap_err();
+        assert!(missing.contains("s2.stream"), "{missing}");
+        assert_eq!(groups[0].items, 2);
+        let invalid = groups[1].target.as_ref().unwrap_err();
+        assert!(invalid.contains("valid stream"), "{invalid}");
+        assert_eq!(groups[1].items, 3);
+        assert_eq!(target(&groups[2]).0, "ok");
+    }
+
+    #[test]
+    fn a_non_string_stream_attribute_is_rejected() {
+        let mut group = spans(Some("x"), 1, 1, 1);
+        group.resource.as_mut().unwrap().attributes[1].value = Some(AnyValue {
+            value: Some(any_value::Value::IntValue(7)),
+        });
+        let groups = parse(
+            Signal::Traces,
+            Encoding::Protobuf,
+            &protobuf(vec![group]),
+            LIMIT,
+        )
+        .unwrap();
+        assert!(groups[0]
+            .target
+            .as_ref()
+            .unwrap_err()
+            .contains("must be a string"));
+    }
+
+    #[test]
+    fn metrics_count_data_points_and_logs_count_records() {
+        let point = NumberDataPoint::default;
+        let request = ExportMetricsServiceRequest {
+            resource_metrics: vec![ResourceMetrics {
+                resource: resource(Some("m")),
+                scope_metrics: vec![ScopeMetrics {
+                    metrics: vec![
+                        Metric {
+                            name: "g".into(),
+                            data: Some(metric::Data::Gauge(Gauge {
+                                data_points: vec![point(), point()],
+                            })),
+                            ..Default::default()
+                        },
+                        Metric {
+                            name: "h".into(),
+                            data: Some(metric::Data::Histogram(Histogram {
+                                data_points: vec![HistogramDataPoint::default(); 3],
+                                aggregation_temporality: 2,
+                            })),
+                            ..Default::default()
+                        },
+                    ],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let groups = parse(
+            Signal::Metrics,
+            Encoding::Protobuf,
+            &request.encode_to_vec().into(),
+            LIMIT,
+        )
+        .unwrap();
+        assert_eq!(groups[0].items, 5);
+
+        let logs = ExportLogsServiceRequest {
+            resource_logs: vec![ResourceLogs {
+                resource: resource(Some("l")),
+                scope_logs: vec![ScopeLogs {
+                    log_records: vec![LogRecord::default(); 4],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let groups = parse(
+            Signal::Logs,
+            Encoding::Protobuf,
+            &logs.encode_to_vec().into(),
+            LIMIT,
+        )
+        .unwrap();
+        assert_eq!(groups[0].items, 4);
+    }
+
+    #[test]
+    fn a_large_protobuf_group_is_split_by_scope_and_span_losing_nothing() {
+        let original = spans(Some("big"), 3, 40, 1000);
+        let request = protobuf(vec![original.clone()]);
+        let limit = 16 * 1024;
+        let groups = parse(Signal::Traces, Encoding::Protobuf, &request, limit).unwrap();
+        let (_, bodies) = target(&groups[0]);
+        assert!(bodies.len() > 3, "{} pieces", bodies.len());
+        let mut seen = Vec::new();
+        for body in bodies {
+            assert!(body.len() <= limit);
+            let piece = ExportTraceServiceRequest::decode(body.clone()).unwrap();
+            assert_eq!(piece.resource_spans.len(), 1);
+            let group = &piece.resource_spans[0];
+            assert_eq!(group.resource, original.resource);
+            assert_eq!(group.schema_url, "resource");
+            for scope in &group.scope_spans {
+                seen.extend(
+                    scope
+                        .spans
+                        .iter()
+                        .map(|s| (scope.schema_url.clone(), s.clone())),
+                );
+            }
+        }
+        let expected: Vec<_> = original
+            .scope_spans
+            .iter()
+            .flat_map(|scope| {
+                scope
+                    .spans
+                    .iter()
+                    .map(|s| (scope.schema_url.clone(), s.clone()))
+            })
+            .collect();
+        assert_eq!(seen, expected);
+    }
+
+    #[test]
+    fn a_single_span_larger_than_a_record_is_rejected_with_a_reason() {
+        let groups = parse(
+            Signal::Traces,
+            Encoding::Protobuf,
+            &protobuf(vec![spans(Some("big"), 1, 1, 5000)]),
+            1024,
+        )
+        .unwrap();
+        let err = groups[0].target.as_ref().unwrap_err();
+        assert!(err.contains("larger than 1024 bytes"), "{err}");
+    }
+
+    #[test]
+    fn malformed_protobuf_is_an_error_and_unknown_fields_are_skipped() {
+        let good = protobuf(vec![spans(Some("s"), 1, 1, 1)]);
+        let truncated = good.slice(..good.len() - 1);
+        assert!(parse(Signal::Traces, Encoding::Protobuf, &truncated, LIMIT).is_err());
+        // Field 1 holding bytes that are not a ResourceSpans.
+        let mut garbage = Vec::new();
+        wire::put_len_field(&mut garbage, 1, &[0x0a, 0xff]);
+        assert!(parse(Signal::Traces, Encoding::Protobuf, &garbage.into(), LIMIT).is_err());
+        // Field 1 as a varint.
+        assert!(parse(
+            Signal::Traces,
+            Encoding::Protobuf,
+            &Bytes::from_static(&[0x08, 0x01]),
+            LIMIT
+        )
+        .is_err());
+        // An unknown field 9 next to a group.
+        let mut extended = good.to_vec();
+        wire::put_len_field(&mut extended, 9, b"future");
+        let groups = parse(Signal::Traces, Encoding::Protobuf, &extended.into(), LIMIT).unwrap();
+        assert_eq!(groups.len(), 1);
+        assert!(
+            parse(Signal::Traces, Encoding::Protobuf, &Bytes::new(), LIMIT)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    const JSON_TRACES: &str = r#"{
+      "resourceSpans": [{
+        "resource": {"attributes": [
+          {"key": "s2.stream", "value": {"stringValue": "web"}},
+          {"key": "pid", "value": {"intValue": "4242"}}
+        ]},
+        "scopeSpans": [{
+          "scope": {"name": "lib", "version": "1.0"},
+          "spans": [{
+            "traceId": "5b8efff798038103d269b633813fc60c",
+            "spanId": "eee19b7ec3c1b174",
+            "parentSpanId": "",
+            "name": "GET /",
+            "kind": 2,
+            "startTimeUnixNano": "1544712660000000000",
+            "endTimeUnixNano": 1544712661000000000,
+            "attributes": [{"key": "ok", "value": {"boolValue": true}}],
+            "status": {"code": 1},
+            "futureField": {"kept": true}
+          }]
+        }]
+      }]
+    }"#;
+
+    #[test]
+    fn json_groups_keep_their_json_and_follow_the_otlp_mapping() {
+        let groups = parse(
+            Signal::Traces,
+            Encoding::Json,
+            &Bytes::from_static(JSON_TRACES.as_bytes()),
+            LIMIT,
+        )
+        .unwrap();
+        let (stream, bodies) = target(&groups[0]);
+        assert_eq!(stream, "web");
+        assert_eq!(groups[0].items, 1);
+        let stored: Value = serde_json::from_slice(&bodies[0]).unwrap();
+        let sent: Value = serde_json::from_str(JSON_TRACES).unwrap();
+        // Lossless, down to fields this server does not know.
+        assert_eq!(stored, sent);
+        // And a standard OTLP JSON decoder reads it.
+        let decoded: ExportTraceServiceRequest = serde_json::from_slice(&bodies[0]).unwrap();
+        let span = &decoded.resource_spans[0].scope_spans[0].spans[0];
+        assert_eq!(span.trace_id, hex("5b8efff798038103d269b633813fc60c"));
+        assert_eq!(span.start_time_unix_nano, 1_544_712_660_000_000_000);
+        assert_eq!(span.end_time_unix_nano, 1_544_712_661_000_000_000);
+    }
+
+    fn hex(text: &str) -> Vec<u8> {
+        (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn json_that_breaks_the_mapping_is_an_error() {
+        let cases = [
+            ("not JSON", "{".to_string()),
+            ("not an object", "[]".to_string()),
+            (
+                "groups not an array",
+                r#"{"resourceSpans": {}}"#.to_string(),
+            ),
+            ("snake_case key", r#"{"resource_spans": []}"#.to_string()),
+            (
+                "group not an object",
+                r#"{"resourceSpans": [1]}"#.to_string(),
+            ),
+            (
+                "trace id not hex",
+                JSON_TRACES.replace("5b8efff798038103d269b633813fc60c", "not-hex"),
+            ),
+            (
+                "enum by name",
+                JSON_TRACES.replace(r#""kind": 2"#, r#""kind": "SPAN_KIND_SERVER""#),
+            ),
+            (
+                "time not a number",
+                JSON_TRACES.replace(r#""1544712660000000000""#, r#""soon""#),
+            ),
+        ];
+        for (what, body) in cases {
+            let result = parse(Signal::Traces, Encoding::Json, &Bytes::from(body), LIMIT);
+            assert!(result.is_err(), "{what} should be refused");
+        }
+        // No groups at all is a valid, empty export.
+        assert!(parse(
+            Signal::Traces,
+            Encoding::Json,
+            &Bytes::from_static(b"{}"),
+            LIMIT
+        )
+        .unwrap()
+        .is_empty());
+    }
+
+    #[test]
+    fn a_large_json_group_is_split_into_valid_requests() {
+        let group = spans(Some("big"), 2, 30, 500);
+        let request: Value = serde_json::to_value(ExportTraceServiceRequest {
+            resource_spans: vec![group.clone()],
+        })
+        .unwrap();
+        let body = Bytes::from(serde_json::to_vec(&request).unwrap());
+        let limit = 8 * 1024;
+        let groups = parse(Signal::Traces, Encoding::Json, &body, limit).unwrap();
+        let (_, bodies) = target(&groups[0]);
+        assert!(bodies.len() > 2);
+        let mut names = Vec::new();
+        for body in bodies {
+            assert!(body.len() <= limit);
+            let piece: ExportTraceServiceRequest = serde_json::from_slice(body).unwrap();
+            assert_eq!(piece.resource_spans[0].resource, group.resource);
+            names.extend(
+                piece.resource_spans[0]
+                    .scope_spans
+                    .iter()
+                    .flat_map(|s| s.spans.iter().map(|s| s.name.clone())),
+            );
+        }
+        let expected: Vec<_> = group
+            .scope_spans
+            .iter()
+            .flat_map(|s| s.spans.iter().map(|s| s.name.clone()))
+            .collect();
+        assert_eq!(names, expected);
+    }
+}
