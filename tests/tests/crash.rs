@@ -1,5 +1,5 @@
 //! Crash recovery: several clients append continuously to several streams (unary REST,
-//! S2S append sessions, pipelined Redis XADDs) while the server is `kill -9`ed at random
+//! S2S append sessions, pipelined Redis XADDs, OTLP/HTTP log exports) while the server is `kill -9`ed at random
 //! moments, again and again. After every restart:
 //! - every acknowledged batch is present exactly once, at the positions its ack gave;
 //! - sequence numbers are dense and timestamps never go backwards;
@@ -26,6 +26,8 @@ struct History {
     sent: HashMap<String, usize>,
     /// Batch id → (stream, first seq_num, end seq_num).
     acked: HashMap<String, (usize, u64, u64)>,
+    /// Batches acknowledged without a position (OTLP answers success only) → stream.
+    acked_unplaced: HashMap<String, usize>,
     /// Batches the server refused (e.g. `server_draining`): they must be absent.
     refused: Vec<String>,
 }
@@ -228,8 +230,44 @@ async fn resp_until_failure(
     }
 }
 
+/// Like `append_until_failure`, through OTLP/HTTP JSON log exports: each export is one
+/// resource group (so one record) whose single log record's body carries the batch id.
+async fn otlp_until_failure(
+    client: Client,
+    endpoint: String,
+    stream: usize,
+    id: usize,
+    round: usize,
+    history: Arc<Mutex<History>>,
+) {
+    for n in 0.. {
+        let batch = format!("c{id}r{round}o{n}");
+        history.lock().unwrap().sent.insert(batch.clone(), 1);
+        let export = json!({"resourceLogs": [{
+            "resource": {"attributes": [{"key": "s2.stream", "value": {"stringValue": format!("s{stream}")}}]},
+            "scopeLogs": [{"logRecords": [{"body": {"stringValue": format!("{batch}/0")}}]}]
+        }]});
+        let response = client
+            .post(format!("{endpoint}/otlp/v1/logs"))
+            .header("s2-basin", BASIN)
+            .json(&export)
+            .send()
+            .await;
+        match response {
+            Ok(r) if r.status() == 200 => {
+                let body: Value = r.json().await.unwrap_or_default();
+                assert_eq!(body, json!({}), "no partial success");
+                history.lock().unwrap().acked_unplaced.insert(batch, stream);
+            }
+            Ok(r) if r.status() == 503 => return, // draining: its fate is unknown
+            Ok(r) => panic!("OTLP export failed while the server was up: {}", r.status()),
+            Err(_) => return,
+        }
+    }
+}
+
 /// A stream's records as (seq_num, timestamp, body); a Redis entry's body is its
-/// field `b`.
+/// field `b`, an OTLP record's the body of its one log record.
 async fn read_all(endpoint: &str, stream: usize) -> Vec<(u64, u64, String)> {
     streamgate_tests::read_stream(endpoint, BASIN, &format!("s{stream}"))
         .await
@@ -239,6 +277,11 @@ async fn read_all(endpoint: &str, stream: usize) -> Vec<(u64, u64, String)> {
                 r["seq_num"].as_u64().unwrap(),
                 r["timestamp"].as_u64().unwrap(),
                 match r.get("body") {
+                    Some(body) if r["headers"][0][0] == "s2-otlp.signal" => {
+                        let export: Value = serde_json::from_str(body.as_str().unwrap()).unwrap();
+                        let log = &export["resourceLogs"][0]["scopeLogs"][0]["logRecords"][0];
+                        log["body"]["stringValue"].as_str().unwrap().to_owned()
+                    }
                     Some(body) => body.as_str().unwrap().to_owned(),
                     None => {
                         let headers = r["headers"].as_array().unwrap();
@@ -292,6 +335,13 @@ fn verify(history: &History, streams: &[Vec<(u64, u64, String)>]) -> usize {
             "acknowledged batch {batch} is present at its acknowledged position"
         );
     }
+    for (batch, stream) in &history.acked_unplaced {
+        assert_eq!(
+            seen.get(batch.as_str()).map(|(s, _)| s),
+            Some(stream),
+            "acknowledged OTLP export {batch} is present in its stream"
+        );
+    }
     for batch in &history.refused {
         assert!(
             !seen.contains_key(batch.as_str()),
@@ -318,11 +368,20 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
 
     let history = Arc::new(Mutex::new(History::default()));
     for round in 0..iterations {
-        // The clients append with unary requests, through append sessions, and through
-        // pipelined Redis XADDs, in turn.
+        // The clients append with unary requests, through append sessions, through
+        // pipelined Redis XADDs and through OTLP exports, in turn.
         let clients: Vec<_> = (0..CLIENTS)
             .map(|id| {
-                if id % 3 == 2 {
+                if id % 4 == 3 {
+                    tokio::spawn(otlp_until_failure(
+                        client.clone(),
+                        endpoint.clone(),
+                        id % STREAMS,
+                        id,
+                        round,
+                        history.clone(),
+                    ))
+                } else if id % 4 == 2 {
                     tokio::spawn(resp_until_failure(
                         resp_port,
                         id % STREAMS,
@@ -330,7 +389,7 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
                         round,
                         history.clone(),
                     ))
-                } else if id % 3 == 0 {
+                } else if id % 4 == 0 {
                     tokio::spawn(append_until_failure(
                         client.clone(),
                         endpoint.clone(),
@@ -363,20 +422,21 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
         }
         let history = history.lock().unwrap();
         let present = verify(&history, &streams);
-        let unacked = history.sent.len() - history.acked.len();
+        let acked = history.acked.len() + history.acked_unplaced.len();
+        let unacked = history.sent.len() - acked;
         eprintln!(
-            "round {round}: killed after {delay} ms; {} batches acknowledged, {present} present, {unacked} never acknowledged",
-            history.acked.len()
+            "round {round}: killed after {delay} ms; {acked} batches acknowledged, {present} present, {unacked} never acknowledged"
         );
         assert!(!history.acked.is_empty() || round == 0);
     }
-    // Every kind of client had appends acknowledged: unary (`n`), session (`s`), RESP (`x`).
-    for kind in ['n', 's', 'x'] {
+    // Every kind of client had appends acknowledged: unary (`n`), session (`s`), RESP
+    // (`x`), OTLP (`o`).
+    for kind in ['n', 's', 'x', 'o'] {
+        let history = history.lock().unwrap();
         let count = history
-            .lock()
-            .unwrap()
             .acked
             .keys()
+            .chain(history.acked_unplaced.keys())
             .filter(|batch| batch.trim_start_matches(|c: char| c != 'r')[1..].contains(kind))
             .count();
         assert!(count > 0, "no `{kind}` client had an append acknowledged");
