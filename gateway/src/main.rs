@@ -158,6 +158,9 @@ fn print_banner(
         env!("CARGO_PKG_VERSION")
     );
     println!("  S2 REST API:   {endpoint}/v1   ({protocols})");
+    println!(
+        "  OTLP/HTTP:     {endpoint}/otlp   (traces, metrics, logs; routed by the `s2.stream` resource attribute)"
+    );
     if let Some(resp) = resp {
         let (scheme, how) = if tls {
             ("rediss", "TLS; the SNI host name {basin}.… names the basin")
