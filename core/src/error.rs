@@ -39,6 +39,14 @@ pub enum Error {
     ServerDraining,
     #[error("{0} is not implemented by this server yet")]
     NotImplemented(String),
+    /// No access token, an unknown or revoked one, or an expired one.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A valid token whose scope does not cover the operation.
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("access token `{0}` does not exist")]
+    AccessTokenNotFound(String),
 }
 
 impl Error {
@@ -57,6 +65,9 @@ impl Error {
             Error::Unavailable(_) => "unavailable",
             Error::ServerDraining => "server_draining",
             Error::NotImplemented(_) => "not_implemented",
+            Error::Unauthenticated(_) => "authn",
+            Error::PermissionDenied(_) => "permission_denied",
+            Error::AccessTokenNotFound(_) => "access_token_not_found",
         }
     }
 

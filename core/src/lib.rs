@@ -4,6 +4,7 @@
 //! every path keeps: acknowledged appends are durable, streams are linearizable, batches
 //! are atomic, and bad input gets a clear error and changes nothing.
 
+pub mod access;
 pub mod cache;
 pub mod config;
 pub mod engine;

@@ -70,7 +70,11 @@ impl From<Error> for ApiError {
     fn from(err: Error) -> Self {
         let status = match &err {
             Error::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Error::BasinNotFound(_) | Error::StreamNotFound(_) => StatusCode::NOT_FOUND,
+            Error::BasinNotFound(_) | Error::StreamNotFound(_) | Error::AccessTokenNotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
+            Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Error::PermissionDenied(_) => StatusCode::FORBIDDEN,
             Error::AlreadyExists(_)
             | Error::BasinDeletionPending(_)
             | Error::StreamDeletionPending(_) => StatusCode::CONFLICT,
