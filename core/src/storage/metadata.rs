@@ -1,9 +1,10 @@
-//! `MetadataStore`: basins, streams and the node epoch. Not on the append hot path: the
+//! `MetadataStore`: basins, streams, access tokens and the node epoch. Not on the append hot path: the
 //! engine caches what it needs and only comes here to create, reconfigure, delete or list.
 
 use async_trait::async_trait;
 use time::OffsetDateTime;
 
+use crate::access::AccessTokenInfo;
 use crate::config::{BasinConfig, StreamConfig};
 use crate::error::Result;
 use crate::names::{BasinName, StreamName};
@@ -94,6 +95,24 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Returns a number greater than every number it returned before, durably: each
     /// process start takes one, and names its write-ahead log after it.
     async fn next_epoch(&self) -> Result<u64>;
+
+    /// Stores a new token with the digest of its secret; `AlreadyExists` if the id is
+    /// taken. With `replace`, an existing token of that id is overwritten instead (how
+    /// `--root-token` sets the root token's secret).
+    async fn put_access_token(
+        &self,
+        token: &AccessTokenInfo,
+        secret_digest: &[u8],
+        replace: bool,
+    ) -> Result<()>;
+    /// The token whose secret has this digest, with the digest as stored.
+    async fn access_token_by_digest(
+        &self,
+        digest: &[u8],
+    ) -> Result<Option<(AccessTokenInfo, Vec<u8>)>>;
+    async fn list_access_tokens(&self, range: &ListRange) -> Result<ListPage<AccessTokenInfo>>;
+    /// Deletes a token; whether it existed.
+    async fn delete_access_token(&self, id: &str) -> Result<bool>;
 }
 
 /// The behaviour every `MetadataStore` must show; each backend's tests call this.
@@ -246,4 +265,68 @@ pub(crate) async fn conformance(store: &dyn MetadataStore) {
 
     let first = store.next_epoch().await.unwrap();
     assert!(store.next_epoch().await.unwrap() > first);
+
+    // Access tokens: stored with their digest, found by it, listed, replaced, deleted.
+    let token = |id: &str| AccessTokenInfo {
+        id: id.into(),
+        expires_at: Some(now),
+        auto_prefix_streams: false,
+        scope: crate::access::Scope::everything(),
+    };
+    for (id, digest) in [
+        ("svc/a", [1u8; 32]),
+        ("svc/b", [2; 32]),
+        ("user/c", [3; 32]),
+    ] {
+        store
+            .put_access_token(&token(id), &digest, false)
+            .await
+            .unwrap();
+    }
+    let duplicate = store
+        .put_access_token(&token("svc/a"), &[9; 32], false)
+        .await;
+    assert!(matches!(duplicate, Err(Error::AlreadyExists(_))));
+    let (found, digest) = store
+        .access_token_by_digest(&[2; 32])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((found, digest), (token("svc/b"), vec![2; 32]));
+    assert!(store
+        .access_token_by_digest(&[9; 32])
+        .await
+        .unwrap()
+        .is_none());
+    let page = store
+        .list_access_tokens(&ListRange {
+            prefix: "svc/".into(),
+            start_after: String::new(),
+            limit: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.items, vec![token("svc/a")]);
+    assert!(page.has_more);
+    store
+        .put_access_token(&token("svc/a"), &[7; 32], true)
+        .await
+        .unwrap();
+    assert!(store
+        .access_token_by_digest(&[1; 32])
+        .await
+        .unwrap()
+        .is_none());
+    assert!(store
+        .access_token_by_digest(&[7; 32])
+        .await
+        .unwrap()
+        .is_some());
+    assert!(store.delete_access_token("svc/a").await.unwrap());
+    assert!(!store.delete_access_token("svc/a").await.unwrap());
+    assert!(store
+        .access_token_by_digest(&[7; 32])
+        .await
+        .unwrap()
+        .is_none());
 }

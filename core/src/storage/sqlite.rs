@@ -10,11 +10,13 @@ use sqlx::{Row, SqlitePool};
 use time::OffsetDateTime;
 
 use super::metadata::{BasinRecord, Created, ListPage, ListRange, MetadataStore, StreamRecord};
+use crate::access::AccessTokenInfo;
 use crate::error::{Error, Result};
 use crate::names::{BasinName, StreamName};
 
 /// Schema versions, applied in order; each runs once, recorded in `schema_version`.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE basins (
     name          TEXT PRIMARY KEY,
     location      TEXT NOT NULL,
@@ -38,7 +40,15 @@ CREATE TABLE node_epoch (
     epoch     INTEGER NOT NULL
 );
 INSERT INTO node_epoch (singleton, epoch) VALUES (1, 0);
-"#];
+"#,
+    r#"
+CREATE TABLE access_tokens (
+    id            TEXT PRIMARY KEY,
+    secret_digest BLOB NOT NULL UNIQUE,
+    info          TEXT NOT NULL
+);
+"#,
+];
 
 pub struct SqliteMetadataStore {
     pool: SqlitePool,
@@ -452,6 +462,82 @@ impl MetadataStore for SqliteMetadataStore {
         .await
         .map_err(db)?;
         Ok(epoch as u64)
+    }
+
+    async fn put_access_token(
+        &self,
+        token: &AccessTokenInfo,
+        secret_digest: &[u8],
+        replace: bool,
+    ) -> Result<()> {
+        let mut tx = self.write_transaction().await?;
+        let exists = sqlx::query("SELECT 1 FROM access_tokens WHERE id = ?")
+            .bind(&token.id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db)?
+            .is_some();
+        if exists && !replace {
+            tx.rollback().await.map_err(db)?; // release the write lock now
+            return Err(Error::AlreadyExists(format!("access token `{}`", token.id)));
+        }
+        sqlx::query("DELETE FROM access_tokens WHERE id = ?")
+            .bind(&token.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        sqlx::query("INSERT INTO access_tokens (id, secret_digest, info) VALUES (?, ?, ?)")
+            .bind(&token.id)
+            .bind(secret_digest)
+            .bind(json(token))
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        tx.commit().await.map_err(db)
+    }
+
+    async fn access_token_by_digest(
+        &self,
+        digest: &[u8],
+    ) -> Result<Option<(AccessTokenInfo, Vec<u8>)>> {
+        let row =
+            sqlx::query("SELECT info, secret_digest FROM access_tokens WHERE secret_digest = ?")
+                .bind(digest)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+        row.map(|row| Ok((parse_json(row.get("info"))?, row.get("secret_digest"))))
+            .transpose()
+    }
+
+    async fn list_access_tokens(&self, range: &ListRange) -> Result<ListPage<AccessTokenInfo>> {
+        let rows = sqlx::query(
+            "SELECT info FROM access_tokens \
+             WHERE id > ? AND id >= ? AND substr(id, 1, length(?)) = ? \
+             ORDER BY id LIMIT ?",
+        )
+        .bind(&range.start_after)
+        .bind(&range.prefix)
+        .bind(&range.prefix)
+        .bind(&range.prefix)
+        .bind(range.limit as i64 + 1)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        let items = rows
+            .iter()
+            .map(|row| parse_json(row.get("info")))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(page(items, range.limit))
+    }
+
+    async fn delete_access_token(&self, id: &str) -> Result<bool> {
+        let result = sqlx::query("DELETE FROM access_tokens WHERE id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(result.rows_affected() > 0)
     }
 }
 
