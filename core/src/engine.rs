@@ -9,7 +9,9 @@ use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use crate::access::{Principal, TokenRegistry};
 use crate::cache::ChunkCache;
+use crate::caller::Caller;
 use crate::config::{
     BasinConfig, BasinReconfiguration, StorageClass, StreamConfig, StreamReconfiguration,
 };
@@ -69,6 +71,7 @@ pub struct Engine {
 
 struct Inner {
     metadata: Arc<dyn MetadataStore>,
+    tokens: TokenRegistry,
     objects: Arc<dyn ObjectStore>,
     cache: Arc<ChunkCache>,
     settings: EngineSettings,
@@ -129,6 +132,7 @@ impl Engine {
             poison.clone(),
         );
         let inner = Arc::new(Inner {
+            tokens: TokenRegistry::new(metadata.clone()),
             metadata,
             objects,
             cache,
@@ -145,6 +149,22 @@ impl Engine {
         let reaper = tokio::spawn(reap_deletions(Arc::downgrade(&inner)));
         *inner.reaper.lock().unwrap() = Some(reaper);
         Ok(Engine { inner })
+    }
+
+    /// The access tokens this server honours.
+    pub fn tokens(&self) -> &TokenRegistry {
+        &self.inner.tokens
+    }
+
+    /// The engine as the holder of `bearer` (an access token's secret) sees it.
+    pub async fn authenticate(&self, bearer: &str) -> Result<Caller> {
+        let principal = self.inner.tokens.authenticate(bearer).await?;
+        Ok(Caller::new(self.clone(), principal))
+    }
+
+    /// The engine with full access, for the server's own work and for tests.
+    pub fn as_root(&self) -> Caller {
+        Caller::new(self.clone(), Arc::new(Principal::root()))
     }
 
     /// This process's WAL epoch.
@@ -176,7 +196,7 @@ impl Engine {
 
     // ---- basins ----
 
-    pub async fn create_basin(
+    pub(crate) async fn create_basin(
         &self,
         name: BasinName,
         config: BasinConfig,
@@ -197,7 +217,7 @@ impl Engine {
     }
 
     /// Creates the basin, or replaces its whole configuration if it exists.
-    pub async fn ensure_basin(
+    pub(crate) async fn ensure_basin(
         &self,
         name: BasinName,
         config: BasinConfig,
@@ -220,7 +240,7 @@ impl Engine {
         }
     }
 
-    pub async fn basin(&self, name: &BasinName) -> Result<BasinRecord> {
+    pub(crate) async fn basin(&self, name: &BasinName) -> Result<BasinRecord> {
         self.inner
             .metadata
             .get_basin(name)
@@ -237,7 +257,7 @@ impl Engine {
         Ok(basin)
     }
 
-    pub async fn reconfigure_basin(
+    pub(crate) async fn reconfigure_basin(
         &self,
         name: &BasinName,
         change: &BasinReconfiguration,
@@ -248,11 +268,11 @@ impl Engine {
         Ok(config)
     }
 
-    pub async fn list_basins(&self, range: &ListRange) -> Result<ListPage<BasinRecord>> {
+    pub(crate) async fn list_basins(&self, range: &ListRange) -> Result<ListPage<BasinRecord>> {
         self.inner.metadata.list_basins(range).await
     }
 
-    pub async fn delete_basin(&self, name: &BasinName) -> Result<()> {
+    pub(crate) async fn delete_basin(&self, name: &BasinName) -> Result<()> {
         let basin = self.basin(name).await?;
         if basin.deleted_at.is_some() {
             return Ok(());
@@ -288,7 +308,7 @@ impl Engine {
         )
     }
 
-    pub async fn create_stream(
+    pub(crate) async fn create_stream(
         &self,
         basin: &BasinName,
         name: StreamName,
@@ -350,7 +370,7 @@ impl Engine {
             .map_err(|e| Error::storage(format!("metadata change failed: {e}")))?
     }
 
-    pub async fn ensure_stream(
+    pub(crate) async fn ensure_stream(
         &self,
         basin: &BasinName,
         name: StreamName,
@@ -450,7 +470,7 @@ impl Engine {
         Err(self.missing_stream_error(basin, name).await)
     }
 
-    pub async fn stream_config(
+    pub(crate) async fn stream_config(
         &self,
         basin: &BasinName,
         name: &StreamName,
@@ -458,7 +478,7 @@ impl Engine {
         Ok(self.stream_for(basin, name, None).await?.config())
     }
 
-    pub async fn reconfigure_stream(
+    pub(crate) async fn reconfigure_stream(
         &self,
         basin: &BasinName,
         name: &StreamName,
@@ -475,7 +495,7 @@ impl Engine {
         Ok(config)
     }
 
-    pub async fn list_streams(
+    pub(crate) async fn list_streams(
         &self,
         basin: &BasinName,
         range: &ListRange,
@@ -484,7 +504,7 @@ impl Engine {
         self.inner.metadata.list_streams(basin, range).await
     }
 
-    pub async fn delete_stream(&self, basin: &BasinName, name: &StreamName) -> Result<()> {
+    pub(crate) async fn delete_stream(&self, basin: &BasinName, name: &StreamName) -> Result<()> {
         let record = match self.inner.metadata.get_stream(basin, name).await? {
             Some(record) => record,
             None => return Err(self.missing_stream_error(basin, name).await),
@@ -515,7 +535,7 @@ impl Engine {
 
     /// Makes sure a stream can take appends, creating it if the basin creates streams on
     /// append: what an append session checks before it starts.
-    pub async fn open_for_append(
+    pub(crate) async fn open_for_append(
         &self,
         basin: &BasinName,
         name: &StreamName,
@@ -527,24 +547,11 @@ impl Engine {
             .map(|_| ())
     }
 
-    /// Appends a batch atomically; returns only once it is durable.
-    pub async fn append(
-        &self,
-        basin: &BasinName,
-        name: &StreamName,
-        input: AppendInput,
-        create_config: Option<&StreamConfig>,
-    ) -> Result<AppendAck> {
-        self.submit_append(basin, name, input, create_config)
-            .await?
-            .await
-    }
-
     /// Checks and sequences a batch now, and returns its acknowledgement to await. Batches
     /// submitted one after another are sequenced, made durable and acknowledged in that
     /// order, so a session can keep many in flight. An error here (a failed condition,
     /// bad input) means the batch was not appended.
-    pub async fn submit_append(
+    pub(crate) async fn submit_append(
         &self,
         basin: &BasinName,
         name: &StreamName,
@@ -610,7 +617,7 @@ impl Engine {
         Ok(())
     }
 
-    pub async fn check_tail(
+    pub(crate) async fn check_tail(
         &self,
         basin: &BasinName,
         name: &StreamName,
@@ -626,7 +633,7 @@ impl Engine {
     /// Opens a reader at a start selector, creating the stream if the basin allows it.
     /// A start beyond the tail is `RangeNotSatisfiable`, unless `clamp` moves it to the
     /// tail. Starts below the trim point move up to it.
-    pub async fn open_reader(
+    pub(crate) async fn open_reader(
         &self,
         basin: &BasinName,
         name: &StreamName,
@@ -643,7 +650,7 @@ impl Engine {
 
     /// A single-batch read with the documented semantics: start selection, the 416
     /// rules, bounds capped at 1000 records / 1 MiB, and an optional wait at the tail.
-    pub async fn read(
+    pub(crate) async fn read(
         &self,
         basin: &BasinName,
         name: &StreamName,

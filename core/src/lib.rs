@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod cache;
+pub mod caller;
 pub mod config;
 pub mod engine;
 pub mod error;
@@ -17,6 +18,7 @@ mod stream;
 pub mod wal;
 mod wal_writer;
 
+pub use caller::Caller;
 pub use engine::{Engine, EngineSettings, PendingAck, Provisioned};
 pub use error::{Error, Result};
 pub use wal_writer::FlushSettings;

@@ -12,13 +12,14 @@ use streamgate_core::read::{ReadLimits, ReadRequest, ReadStart};
 use streamgate_core::record::{AppendInput, AppendRecord, Header};
 use streamgate_core::storage::local_dir::LocalDirObjectStore;
 use streamgate_core::storage::sqlite::SqliteMetadataStore;
-use streamgate_core::{Engine, EngineSettings, Error};
+use streamgate_core::{Caller, Engine, EngineSettings, Error};
 
-async fn open(dir: &Path) -> Engine {
+/// The engine with full access (the root principal): authorization has its own tests.
+async fn open(dir: &Path) -> Caller {
     open_with(dir, EngineSettings::default()).await
 }
 
-async fn open_with(dir: &Path, settings: EngineSettings) -> Engine {
+async fn open_with(dir: &Path, settings: EngineSettings) -> Caller {
     let metadata = SqliteMetadataStore::open(&dir.join("metadata.db"))
         .await
         .unwrap();
@@ -30,6 +31,7 @@ async fn open_with(dir: &Path, settings: EngineSettings) -> Engine {
     Engine::open(Arc::new(metadata), Arc::new(objects), settings)
         .await
         .unwrap()
+        .as_root()
 }
 
 fn basin() -> BasinName {
@@ -83,7 +85,7 @@ fn bodies(batch: &streamgate_core::read::ReadBatch) -> Vec<String> {
         .collect()
 }
 
-async fn setup(engine: &Engine, name: &str) -> StreamName {
+async fn setup(engine: &Caller, name: &str) -> StreamName {
     match engine
         .create_basin(basin(), BasinConfig::default(), None)
         .await
@@ -123,7 +125,7 @@ async fn acknowledged_records_fences_and_trims_survive_restart() {
         .await
         .unwrap();
     let before = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
-    engine.shutdown().await;
+    engine.engine().shutdown().await;
     drop(engine);
 
     let engine = open(dir.path()).await;
@@ -400,7 +402,7 @@ async fn a_recreated_stream_never_sees_old_records_and_names_wait_for_deletion()
         .append(&basin(), &s, records(&["new"]), None)
         .await
         .unwrap();
-    engine.shutdown().await;
+    engine.engine().shutdown().await;
     drop(engine);
     let engine = open(dir.path()).await;
     let batch = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
@@ -420,8 +422,8 @@ async fn recovery_stops_at_chunk_1(damage: impl FnOnce(&Path)) {
             .await
             .unwrap();
     }
-    let epoch = engine.epoch();
-    engine.shutdown().await;
+    let epoch = engine.engine().epoch();
+    engine.engine().shutdown().await;
     drop(engine);
     let chunk_1 = dir
         .path()

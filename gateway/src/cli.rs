@@ -27,6 +27,12 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_RESP_DEFAULT_BASIN")]
     pub resp_default_basin: Option<String>,
 
+    /// The root access token's secret (full access), for automation; at least 24
+    /// characters. Without it, the first start generates one, prints it and keeps it in
+    /// `<data-dir>/root-token` (mode 0600).
+    #[arg(long, env = "STREAMGATE_ROOT_TOKEN", hide_env_values = true)]
+    pub root_token: Option<String>,
+
     /// Directory for the embedded default storage (and anything else kept on disk).
     #[arg(long, env = "STREAMGATE_DATA_DIR", default_value = "./streamgate-data")]
     pub data_dir: PathBuf,

@@ -68,6 +68,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let engine = Engine::open(Arc::new(metadata), Arc::new(objects), settings)
         .await
         .context("recovering streams")?;
+    let root_token = root_token(&engine, &args).await?;
 
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
@@ -110,6 +111,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tls.is_some(),
         &metadata_path,
         &engine,
+        &root_token,
     );
 
     let (start_drain, drain) = api::sessions::Drain::new();
@@ -146,6 +148,7 @@ fn print_banner(
     tls: bool,
     metadata: &std::path::Path,
     engine: &Engine,
+    root_token: &str,
 ) {
     let flush = engine.settings().flush;
     let (endpoint, protocols) = if tls {
@@ -181,7 +184,52 @@ fn print_banner(
     println!("Point the s2 CLI and SDKs at it:");
     println!("  export S2_ACCOUNT_ENDPOINT={endpoint}");
     println!("  export S2_BASIN_ENDPOINT={endpoint}");
-    println!("  export S2_ACCESS_TOKEN=unused   # any value; access tokens are not enforced yet");
+    println!("  export S2_ACCESS_TOKEN={root_token}   # the root token: full access");
+}
+
+/// Makes sure the root token exists and returns what the banner shows for it: the
+/// secret from `--root-token`, or the one generated at first start (then written to
+/// `<data-dir>/root-token`, readable only by this user).
+async fn root_token(engine: &Engine, args: &Args) -> anyhow::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = args.data_dir.join("root-token");
+    if let Some(secret) = &args.root_token {
+        engine
+            .tokens()
+            .ensure_root(Some(secret))
+            .await
+            .map_err(|e| anyhow::anyhow!("--root-token: {e}"))?;
+        return Ok(secret.clone());
+    }
+    match engine
+        .tokens()
+        .ensure_root(None)
+        .await
+        .context("creating the root token")?
+    {
+        Some(generated) => {
+            let mut out = std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&file)
+                .with_context(|| format!("writing {}", file.display()))?;
+            writeln!(out, "{generated}")?;
+            out.sync_all()?;
+            tracing::info!(file = %file.display(), "created the root access token");
+            Ok(generated)
+        }
+        None => Ok(std::fs::read_to_string(&file)
+            .map(|t| t.trim().to_owned())
+            .unwrap_or_else(|_| {
+                format!(
+                    "<the root token; {} is missing: restart with --root-token to set one>",
+                    file.display()
+                )
+            })),
+    }
 }
 
 /// Takes an exclusive lock on the data directory for the life of the process: two

@@ -8,7 +8,7 @@ use streamgate_core::names::{BasinName, StreamName};
 use streamgate_core::record::{
     metered_size, AppendInput, AppendRecord, Header, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS,
 };
-use streamgate_core::{Engine, Error};
+use streamgate_core::{Caller, Error};
 
 use crate::request::{Encoding, ParsedGroup};
 use crate::signal::Signal;
@@ -24,6 +24,8 @@ pub(crate) struct Outcome {
     pub accepted_groups: usize,
     pub rejected_groups: usize,
     pub rejected_items: u64,
+    /// Of the rejected groups, those refused for the token's scope.
+    pub denied_groups: usize,
     pub messages: Vec<String>,
 }
 
@@ -44,6 +46,8 @@ pub(crate) enum ExportError {
     NotFound(String),
     /// Overloaded, shutting down or storage trouble: the exporter should retry.
     Unavailable(String),
+    /// The token expired mid-request.
+    Unauthenticated(String),
 }
 
 /// The records headers of one signal and encoding, and the most body one record holds.
@@ -73,7 +77,7 @@ struct StreamWork {
 }
 
 pub(crate) async fn store(
-    engine: &Engine,
+    caller: &Caller,
     basin: &BasinName,
     headers: Vec<Header>,
     groups: Vec<ParsedGroup>,
@@ -109,7 +113,7 @@ pub(crate) async fn store(
         .flat_map(|w| &w.bodies)
         .map(|b| metered_size(&headers, b))
         .sum();
-    if engine.is_congested(total) {
+    if caller.engine().is_congested(total) {
         return Err(ExportError::Unavailable(
             "the server is writing as fast as storage allows; retry shortly".into(),
         ));
@@ -124,7 +128,7 @@ pub(crate) async fn store(
                 records,
                 ..Default::default()
             };
-            match engine
+            match caller
                 .submit_append(basin, &stream.stream, input, None)
                 .await
             {
@@ -137,10 +141,16 @@ pub(crate) async fn store(
                 Err(e @ (Error::Unavailable(_) | Error::ServerDraining | Error::Storage(_))) => {
                     return Err(ExportError::Unavailable(e.to_string()))
                 }
+                Err(e @ Error::Unauthenticated(_)) => {
+                    return Err(ExportError::Unauthenticated(e.to_string()))
+                }
                 // Nothing of this stream's was stored (the stream is missing and the basin
                 // does not create streams on append, or it is being deleted): the
                 // exporter learns which data was turned away and why.
                 Err(e) if index == 0 => {
+                    if matches!(e, Error::PermissionDenied(_)) {
+                        outcome.denied_groups += stream.groups;
+                    }
                     outcome.reject(stream.groups, stream.items, e.to_string());
                     stored = false;
                     break;

@@ -73,6 +73,25 @@ async fn export(engine: Engine, signal: Signal, request: Request) -> Response {
             )
         }
     };
+    let authorization = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let caller = match streamgate_core::access::bearer_token(authorization) {
+        Ok(token) => engine.authenticate(token).await,
+        Err(e) => Err(e),
+    };
+    let caller = match caller {
+        Ok(caller) => caller,
+        Err(e) => {
+            return failure(
+                encoding,
+                StatusCode::UNAUTHORIZED,
+                RpcCode::Unauthenticated,
+                e.to_string(),
+            )
+        }
+    };
     let body = match axum::body::to_bytes(Body::new(body), MAX_REQUEST_BYTES).await {
         Ok(body) => body,
         Err(e) => {
@@ -97,7 +116,19 @@ async fn export(engine: Engine, signal: Signal, request: Request) -> Response {
             )
         }
     };
-    match export::store(&engine, &basin, headers, groups).await {
+    match export::store(&caller, &basin, headers, groups).await {
+        Ok(outcome)
+            if outcome.accepted_groups == 0
+                && outcome.rejected_groups > 0
+                && outcome.denied_groups == outcome.rejected_groups =>
+        {
+            failure(
+                encoding,
+                StatusCode::FORBIDDEN,
+                RpcCode::PermissionDenied,
+                outcome.messages.join("; "),
+            )
+        }
         Ok(outcome) if outcome.accepted_groups == 0 && outcome.rejected_groups > 0 => failure(
             encoding,
             StatusCode::BAD_REQUEST,
@@ -111,6 +142,12 @@ async fn export(engine: Engine, signal: Signal, request: Request) -> Response {
         Err(ExportError::NotFound(message)) => {
             failure(encoding, StatusCode::NOT_FOUND, RpcCode::NotFound, message)
         }
+        Err(ExportError::Unauthenticated(message)) => failure(
+            encoding,
+            StatusCode::UNAUTHORIZED,
+            RpcCode::Unauthenticated,
+            message,
+        ),
         Err(ExportError::Unavailable(message)) => {
             tracing::debug!(%message, "OTLP export turned away for now");
             let mut response = failure(
@@ -194,7 +231,9 @@ fn success(signal: Signal, encoding: Encoding, outcome: &Outcome) -> Response {
 enum RpcCode {
     InvalidArgument = 3,
     NotFound = 5,
+    PermissionDenied = 7,
     Unavailable = 14,
+    Unauthenticated = 16,
 }
 
 /// `google.rpc.Status`, the body of OTLP/HTTP failures.

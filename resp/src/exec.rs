@@ -10,7 +10,7 @@ use streamgate_core::read::{ReadLimits, ReadStart, StreamReader};
 use streamgate_core::record::{
     AppendInput, AppendRecord, Header, StreamPosition, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS,
 };
-use streamgate_core::{Engine, Error};
+use streamgate_core::{Caller, Engine, Error};
 use tokio::sync::watch;
 
 use crate::command::{Bound, Command, ReadFrom, Trim, MAX_READ_ENTRIES};
@@ -25,7 +25,8 @@ pub struct Session {
     settings: Arc<RespSettings>,
     sni_basin: Option<BasinName>,
     basin: Option<BasinName>,
-    authenticated: bool,
+    /// The engine as the AUTH token allows; `None` until AUTH succeeds.
+    caller: Option<Caller>,
     pub resp3: bool,
     name: Option<Bytes>,
     id: u64,
@@ -89,6 +90,9 @@ fn trim_record(point: u64) -> AppendRecord {
 fn error_reply(err: &Error) -> Reply {
     match err {
         Error::ServerDraining | Error::Unavailable(_) => Reply::error(format!("TRYAGAIN {err}")),
+        // The connection stays open: other keys may be in scope.
+        Error::PermissionDenied(_) => Reply::error(format!("NOPERM {err}")),
+        Error::Unauthenticated(_) => Reply::error(format!("NOAUTH {err}")),
         _ => Reply::error(format!("ERR {err}")),
     }
 }
@@ -118,7 +122,7 @@ impl Session {
             settings,
             sni_basin,
             basin: None,
-            authenticated: false,
+            caller: None,
             resp3: false,
             name: None,
             id,
@@ -126,7 +130,13 @@ impl Session {
     }
 
     pub fn authenticated(&self) -> bool {
-        self.authenticated
+        self.caller.is_some()
+    }
+
+    fn caller(&self) -> &Caller {
+        self.caller
+            .as_ref()
+            .expect("commands that need auth run only after AUTH")
     }
 
     fn basin(&self) -> &BasinName {
@@ -143,9 +153,8 @@ impl Session {
     }
 
     /// AUTH: picks the basin (SNI, else the username, else the configured default) and
-    /// checks the token. Until access tokens exist any token is accepted; this is where
-    /// the check goes.
-    fn authenticate(&mut self, username: Option<&Bytes>, _token: &Bytes) -> Result<(), Reply> {
+    /// verifies the access token; every later command runs with that token's scope.
+    async fn authenticate(&mut self, username: Option<&Bytes>, token: &Bytes) -> Result<(), Reply> {
         let named = match username.map(|u| u.as_ref()) {
             None | Some(b"default") => None,
             Some(name) => Some(
@@ -167,8 +176,18 @@ impl Session {
                 Reply::error("ERR no basin: AUTH with the basin name as username, or connect with TLS SNI {basin}.…")
             })?,
         };
+        let token = std::str::from_utf8(token)
+            .map_err(|_| Reply::error("WRONGPASS the password must be an access token"))?;
+        let caller = self
+            .engine
+            .authenticate(token)
+            .await
+            .map_err(|err| match err {
+                Error::Unauthenticated(why) => Reply::error(format!("WRONGPASS {why}")),
+                other => error_reply(&other),
+            })?;
         self.basin = Some(basin);
-        self.authenticated = true;
+        self.caller = Some(caller);
         Ok(())
     }
 
@@ -187,7 +206,7 @@ impl Session {
             ..Default::default()
         };
         match self
-            .engine
+            .caller()
             .submit_append(self.basin(), &name, input, None)
             .await
         {
@@ -232,7 +251,7 @@ impl Session {
         command: Command,
         shutdown: &mut watch::Receiver<bool>,
     ) -> (Reply, bool) {
-        if command.needs_auth() && !self.authenticated {
+        if command.needs_auth() && self.caller.is_none() {
             return (Reply::error("NOAUTH Authentication required."), false);
         }
         let reply = match command {
@@ -240,7 +259,7 @@ impl Session {
             Command::Ping(None) => Reply::Simple("PONG"),
             Command::Ping(Some(message)) | Command::Echo(message) => Reply::Bulk(message),
             Command::Auth { username, password } => {
-                match self.authenticate(username.as_ref(), &password) {
+                match self.authenticate(username.as_ref(), &password).await {
                     Ok(()) => Reply::ok(),
                     Err(reply) => reply,
                 }
@@ -251,11 +270,11 @@ impl Session {
                 setname,
             } => {
                 if let Some((username, password)) = &auth {
-                    if let Err(reply) = self.authenticate(Some(username), password) {
+                    if let Err(reply) = self.authenticate(Some(username), password).await {
                         return (reply, false);
                     }
                 }
-                if !self.authenticated {
+                if self.caller.is_none() {
                     return (Reply::error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time"), false);
                 }
                 if let Some(protocol) = protocol {
@@ -374,7 +393,11 @@ impl Session {
 
     async fn exists(&self, key: &Bytes) -> bool {
         match Self::stream_name(key) {
-            Ok(name) => self.engine.stream_config(self.basin(), &name).await.is_ok(),
+            Ok(name) => self
+                .caller()
+                .stream_config(self.basin(), &name)
+                .await
+                .is_ok(),
             Err(_) => false,
         }
     }
@@ -387,7 +410,7 @@ impl Session {
         start: ReadStart,
     ) -> Result<Option<StreamReader>, Reply> {
         match self
-            .engine
+            .caller()
             .open_reader(self.basin(), name, start, true, None)
             .await
         {
@@ -464,7 +487,7 @@ impl Session {
         };
         if nomkstream {
             // The check creates the stream if the basin creates streams on read.
-            match self.engine.check_tail(self.basin(), &name, None).await {
+            match self.caller().check_tail(self.basin(), &name, None).await {
                 Ok(_) => {}
                 Err(Error::StreamNotFound(_)) => return Reply::Null,
                 Err(err) => return error_reply(&err),
@@ -486,7 +509,7 @@ impl Session {
             records,
             ..Default::default()
         };
-        match self.engine.append(self.basin(), &name, input, None).await {
+        match self.caller().append(self.basin(), &name, input, None).await {
             Ok(ack) => Reply::Bulk(
                 EntryId {
                     timestamp: ack.start.timestamp,
@@ -512,7 +535,7 @@ impl Session {
             records: vec![trim_record(point)],
             ..Default::default()
         };
-        self.engine
+        self.caller()
             .append(self.basin(), &name, input, None)
             .await
             .map_err(|e| error_reply(&e))?;

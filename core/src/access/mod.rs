@@ -2,6 +2,7 @@
 //! how secrets are kept.
 
 mod principal;
+mod registry;
 mod scope;
 pub mod secret;
 
@@ -9,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 pub use principal::{Principal, Target};
+pub use registry::{TokenRegistry, CACHE_TTL};
 pub use scope::{within, Level, OpGroups, Operation, ReadWrite, ResourceSet, Scope};
 
 use crate::error::{Error, Result};
@@ -21,14 +23,72 @@ pub const ROOT_TOKEN_ID: &str = "root";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccessTokenInfo {
     pub id: String,
-    #[serde(default, with = "time::serde::rfc3339::option")]
+    #[serde(default, with = "expiry")]
     pub expires_at: Option<OffsetDateTime>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scope::null_as_default")]
     pub auto_prefix_streams: bool,
     pub scope: Scope,
 }
 
 pub const MAX_TOKEN_ID_BYTES: usize = 96;
+
+/// RFC 3339 timestamps; one without an offset (as Python sends a naive datetime) is
+/// taken as UTC.
+mod expiry {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use time::format_description::well_known::Rfc3339;
+    use time::{OffsetDateTime, PrimitiveDateTime};
+
+    pub fn serialize<S: Serializer>(at: &Option<OffsetDateTime>, s: S) -> Result<S::Ok, S::Error> {
+        time::serde::rfc3339::option::serialize(at, s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<OffsetDateTime>, D::Error> {
+        let Some(text) = Option::<String>::deserialize(d)? else {
+            return Ok(None);
+        };
+        OffsetDateTime::parse(&text, &Rfc3339)
+            .or_else(|_| {
+                let naive = time::macros::format_description!(
+                    "[year]-[month]-[day]T[hour]:[minute]:[second][optional [.[subsecond]]]"
+                );
+                PrimitiveDateTime::parse(&text, naive).map(PrimitiveDateTime::assume_utc)
+            })
+            .map(Some)
+            .map_err(|_| serde::de::Error::custom(format!("`{text}` is not an RFC 3339 timestamp")))
+    }
+}
+
+impl AccessTokenInfo {
+    /// The token as listings show it (see `Scope::normalized`).
+    pub fn normalized(&self) -> AccessTokenInfo {
+        AccessTokenInfo {
+            scope: self.scope.normalized(),
+            ..self.clone()
+        }
+    }
+}
+
+/// The secret of an `Authorization: Bearer <token>` header value; `authn` when there
+/// is none.
+pub fn bearer_token(authorization: Option<&str>) -> Result<&str> {
+    let missing = || {
+        Error::Unauthenticated(
+            "missing access token: send `Authorization: Bearer <token>` (the root token is printed at first start and kept in <data-dir>/root-token)"
+                .into(),
+        )
+    };
+    match authorization.ok_or_else(missing)?.trim().split_once(' ') {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
+        {
+            Ok(token.trim())
+        }
+        _ => Err(missing()),
+    }
+}
 
 /// Checks a request to issue `new` on behalf of `issuer`, and gives `new` the issuer's
 /// expiry when it names none. Broader access than the issuer's is `permission_denied`;

@@ -154,10 +154,19 @@ pub fn within(set: Option<&ResourceSet>, issuer: Option<&ResourceSet>) -> bool {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReadWrite {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub read: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub write: bool,
+}
+
+/// Clients send `null` for fields they leave unset (the CLI does): same as absent.
+pub(crate) fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -208,6 +217,24 @@ pub struct Scope {
 }
 
 impl Scope {
+    /// The scope as listings show it: no-access matchers as `null`, every operation
+    /// group spelled out, `ops` always a list (what the SDKs expect to parse).
+    pub fn normalized(&self) -> Scope {
+        let set = |s: &Option<ResourceSet>| s.clone().filter(|s| !s.is_empty());
+        let groups = self.op_groups.unwrap_or_default();
+        Scope {
+            basins: set(&self.basins),
+            streams: set(&self.streams),
+            access_tokens: set(&self.access_tokens),
+            op_groups: Some(OpGroups {
+                account: Some(groups.level(Level::Account)),
+                basin: Some(groups.level(Level::Basin)),
+                stream: Some(groups.level(Level::Stream)),
+            }),
+            ops: Some(self.ops.clone().unwrap_or_default()),
+        }
+    }
+
     /// Everything: the root token's scope.
     pub fn everything() -> Scope {
         let all = Some(ReadWrite {

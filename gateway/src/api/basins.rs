@@ -1,7 +1,6 @@
 //! `/v1/basins`: create, ensure, get config, reconfigure, list, delete.
 
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -11,7 +10,7 @@ use streamgate_core::names::BasinName;
 use streamgate_core::Engine;
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{json_body, request_token, ApiQuery, BasinPath};
+use super::extract::{json_body, request_token, ApiQuery, Authenticated, BasinPath};
 use super::json::BasinInfo;
 use super::{provisioned, ListQuery};
 
@@ -45,7 +44,7 @@ fn check_location(engine: &Engine, location: &Option<String>) -> ApiResult<()> {
 }
 
 pub async fn create(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -53,7 +52,7 @@ pub async fn create(
         .ok_or_else(|| ApiError::bad_json("a request body is required"))?;
     let token = request_token(&headers)?;
     let name = BasinName::new(request.basin).map_err(ApiError::bad_json)?;
-    check_location(&engine, &request.location)?;
+    check_location(engine.engine(), &request.location)?;
     let basin = engine
         .create_basin(name, request.config.unwrap_or_default(), token.as_deref())
         .await?;
@@ -61,13 +60,13 @@ pub async fn create(
 }
 
 pub async fn ensure(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     BasinPath(name): BasinPath,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: EnsureBasinRequest = json_body(&headers, &body)?.unwrap_or_default();
-    check_location(&engine, &request.location)?;
+    check_location(engine.engine(), &request.location)?;
     let (basin, result) = engine
         .ensure_basin(name, request.config.unwrap_or_default())
         .await?;
@@ -75,14 +74,14 @@ pub async fn ensure(
 }
 
 pub async fn get_config(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     BasinPath(name): BasinPath,
 ) -> ApiResult<Json<BasinConfig>> {
     Ok(Json(engine.basin(&name).await?.config))
 }
 
 pub async fn reconfigure(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     BasinPath(name): BasinPath,
     headers: HeaderMap,
     body: Bytes,
@@ -92,7 +91,7 @@ pub async fn reconfigure(
 }
 
 pub async fn list(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let page = engine
@@ -105,7 +104,7 @@ pub async fn list(
 }
 
 pub async fn delete(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     BasinPath(name): BasinPath,
 ) -> ApiResult<StatusCode> {
     engine.delete_basin(&name).await?;

@@ -8,6 +8,7 @@ use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 use streamgate_core::config::StreamConfig;
 use streamgate_core::names::{BasinName, StreamName};
+use streamgate_core::{Caller, Engine};
 
 use super::error::ApiError;
 
@@ -161,4 +162,21 @@ fn reject_encryption(value: &serde_json::Value) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// The engine as the request's access token allows: `Authorization: Bearer <token>`,
+/// verified (401 `authn` when missing, unknown, revoked or expired).
+pub struct Authenticated(pub Caller);
+
+impl FromRequestParts<Engine> for Authenticated {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, engine: &Engine) -> Result<Self, ApiError> {
+        let header = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let token = streamgate_core::access::bearer_token(header)?;
+        Ok(Authenticated(engine.authenticate(token).await?))
+    }
 }

@@ -8,6 +8,7 @@ pub(crate) mod proto;
 mod records;
 pub mod sessions;
 mod streams;
+mod tokens;
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -54,14 +55,8 @@ pub fn router(engine: Engine, drain: sessions::Drain) -> Router {
             "/locations/default",
             put(set_default_location).get(default_location),
         )
-        .route(
-            "/access-tokens",
-            get(not_implemented_tokens).post(not_implemented_tokens),
-        )
-        .route(
-            "/access-tokens/{id}",
-            axum::routing::delete(not_implemented_tokens),
-        )
+        .route("/access-tokens", get(tokens::list).post(tokens::issue))
+        .route("/access-tokens/{id}", axum::routing::delete(tokens::revoke))
         .route("/metrics", get(not_implemented_metrics))
         .route("/metrics/{*rest}", get(not_implemented_metrics))
         .fallback(unknown_endpoint)
@@ -80,10 +75,6 @@ async fn unknown_endpoint() -> ApiError {
     ApiError::bad_path("no such endpoint; the S2 REST API lives under /v1")
 }
 
-async fn not_implemented_tokens() -> ApiError {
-    ApiError::not_implemented("access token management")
-}
-
 async fn not_implemented_metrics() -> ApiError {
     ApiError::not_implemented("the metrics API")
 }
@@ -98,34 +89,37 @@ fn location_info(engine: &Engine) -> serde_json::Value {
     })
 }
 
-async fn locations(axum::extract::State(engine): axum::extract::State<Engine>) -> Response {
-    Json(serde_json::json!([location_info(&engine)])).into_response()
+// Locations need a valid token, but no particular operation: they only describe
+// this server.
+async fn locations(extract::Authenticated(caller): extract::Authenticated) -> Response {
+    Json(serde_json::json!([location_info(caller.engine())])).into_response()
 }
 
-async fn default_location(axum::extract::State(engine): axum::extract::State<Engine>) -> Response {
-    Json(location_info(&engine)).into_response()
+async fn default_location(extract::Authenticated(caller): extract::Authenticated) -> Response {
+    Json(location_info(caller.engine())).into_response()
 }
 
 async fn set_default_location(
-    axum::extract::State(engine): axum::extract::State<Engine>,
+    extract::Authenticated(caller): extract::Authenticated,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
     let requested: String = extract::json_body(&headers, &body)?
         .ok_or_else(|| ApiError::bad_json("expected the location name as a JSON string"))?;
+    let engine = caller.engine();
     if requested != engine.settings().location {
         return Err(ApiError::invalid(format!(
             "unknown location `{requested}`; this server offers `{}`",
             engine.settings().location
         )));
     }
-    Ok(Json(location_info(&engine)).into_response())
+    Ok(Json(location_info(engine)).into_response())
 }
 
 /// `prefix`, `start_after` and `limit` of the list endpoints. A `limit` of 0 or over
 /// 1000 means 1000, as documented.
 #[derive(Debug, Deserialize)]
-struct ListQuery {
+pub(crate) struct ListQuery {
     #[serde(default)]
     prefix: String,
     #[serde(default)]
@@ -135,7 +129,7 @@ struct ListQuery {
 }
 
 impl ListQuery {
-    fn range(self, max_name_len: usize) -> ApiResult<ListRange> {
+    pub(crate) fn range(self, max_name_len: usize) -> ApiResult<ListRange> {
         for (what, value) in [("prefix", &self.prefix), ("start_after", &self.start_after)] {
             streamgate_core::names::check_list_bound(what, value, max_name_len)
                 .map_err(ApiError::bad_query)?;

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
@@ -12,10 +11,9 @@ use axum::Json;
 use prost::Message;
 use serde::Deserialize;
 use streamgate_core::read::{ReadLimits, ReadRequest, ReadStart};
-use streamgate_core::Engine;
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{stream_config_header, ApiQuery, Basin, StreamPath};
+use super::extract::{stream_config_header, ApiQuery, Authenticated, Basin, StreamPath};
 use super::json::{self, AppendInputJson, Format};
 use super::proto;
 use super::sessions::read::{ResumeFrom, S2sEncoder, SessionBounds, SseEncoder};
@@ -59,7 +57,7 @@ fn protobuf_response(message: impl Message) -> Response {
 }
 
 pub async fn append(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     Extension(drain): Extension<Drain>,
     Basin(basin): Basin,
     StreamPath(stream): StreamPath,
@@ -154,7 +152,7 @@ impl ReadQuery {
 }
 
 pub async fn read(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     Extension(drain): Extension<Drain>,
     Basin(basin): Basin,
     StreamPath(stream): StreamPath,
@@ -228,7 +226,7 @@ pub async fn read(
 }
 
 pub async fn check_tail(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     Basin(basin): Basin,
     StreamPath(stream): StreamPath,
     headers: HeaderMap,

@@ -1,17 +1,15 @@
 //! `/v1/streams`: create, ensure, get config, reconfigure, list, delete.
 
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use streamgate_core::config::{StreamConfig, StreamReconfiguration};
 use streamgate_core::names::StreamName;
-use streamgate_core::Engine;
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{json_body, request_token, ApiQuery, Basin, StreamPath};
+use super::extract::{json_body, request_token, ApiQuery, Authenticated, Basin, StreamPath};
 use super::json::StreamInfo;
 use super::{provisioned, ListQuery};
 
@@ -23,7 +21,7 @@ struct CreateStreamRequest {
 }
 
 pub async fn create(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     Basin(basin): Basin,
     headers: HeaderMap,
     body: Bytes,
@@ -44,7 +42,7 @@ pub async fn create(
 }
 
 pub async fn ensure(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     Basin(basin): Basin,
     StreamPath(name): StreamPath,
     headers: HeaderMap,
@@ -56,7 +54,7 @@ pub async fn ensure(
 }
 
 pub async fn get_config(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     Basin(basin): Basin,
     StreamPath(name): StreamPath,
 ) -> ApiResult<Json<StreamConfig>> {
@@ -64,7 +62,7 @@ pub async fn get_config(
 }
 
 pub async fn reconfigure(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     Basin(basin): Basin,
     StreamPath(name): StreamPath,
     headers: HeaderMap,
@@ -77,7 +75,7 @@ pub async fn reconfigure(
 }
 
 pub async fn list(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     Basin(basin): Basin,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<serde_json::Value>> {
@@ -91,7 +89,7 @@ pub async fn list(
 }
 
 pub async fn delete(
-    State(engine): State<Engine>,
+    Authenticated(engine): Authenticated,
     Basin(basin): Basin,
     StreamPath(name): StreamPath,
 ) -> ApiResult<StatusCode> {

@@ -12,7 +12,7 @@ use futures::FutureExt;
 use prost::Message;
 use streamgate_core::config::StreamConfig;
 use streamgate_core::names::{BasinName, StreamName};
-use streamgate_core::{Engine, Error};
+use streamgate_core::{Caller, Error};
 use tokio::sync::mpsc;
 
 use super::frame::{
@@ -27,7 +27,7 @@ use crate::api::proto;
 const MAX_IN_FLIGHT: usize = 512;
 
 pub struct AppendSession {
-    pub engine: Engine,
+    pub engine: Caller,
     pub basin: BasinName,
     pub stream: StreamName,
     pub create_config: Option<StreamConfig>,
