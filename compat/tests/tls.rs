@@ -74,6 +74,8 @@ async fn https_serves_http2_sessions_and_http1_sse() {
             "s2-basin: tls-basin-1",
             "-H",
             "accept: text/event-stream",
+            "-H",
+            &format!("authorization: Bearer {}", streamgate_compat::ROOT_TOKEN),
         ])
         .arg(format!(
             "https://localhost:{port}/v1/streams/secure/records?seq_num=0&count=1"

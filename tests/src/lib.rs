@@ -8,6 +8,24 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// The root access token test servers are started with (`--root-token`).
+pub const ROOT_TOKEN: &str = "streamgate-test-root-token-0123456789";
+
+/// An HTTP client that authenticates with the root token.
+pub fn client() -> reqwest::Client {
+    client_builder().build().expect("an HTTP client")
+}
+
+/// A client builder whose requests carry the root token.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {ROOT_TOKEN}").parse().unwrap(),
+    );
+    reqwest::Client::builder().default_headers(headers)
+}
+
 /// The `streamgate` binary, built once per test process so tests never run a stale one.
 pub fn binary() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
@@ -57,8 +75,12 @@ pub struct Server {
     pub endpoint: String,
     /// The RESP listener's port.
     pub resp_port: u16,
+    /// What the server printed at start-up.
+    pub banner: String,
     port: u16,
     resp_listen: u16,
+    /// Whether the server is given `ROOT_TOKEN` as its root token.
+    test_root_token: bool,
 }
 
 impl Server {
@@ -69,14 +91,25 @@ impl Server {
 
     /// Starts a server with extra command-line flags.
     pub fn start_with(data_dir: &Path, extra_args: &[&str]) -> Server {
+        Self::launch(data_dir, extra_args, true)
+    }
+
+    /// Starts a server that makes its own root token, as a first start does.
+    pub fn start_without_root_token(data_dir: &Path) -> Server {
+        Self::launch(data_dir, &[], false)
+    }
+
+    fn launch(data_dir: &Path, extra_args: &[&str], test_root_token: bool) -> Server {
         let mut server = Server {
             child: None,
             data_dir: data_dir.to_path_buf(),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             endpoint: String::new(),
             resp_port: 0,
+            banner: String::new(),
             port: 0,
             resp_listen: 0,
+            test_root_token,
         };
         server.spawn();
         server
@@ -91,6 +124,14 @@ impl Server {
         } else {
             &reap_default
         };
+        // Every test server shares one known root token, unless a test sets its own.
+        let root_default = ["--root-token", ROOT_TOKEN];
+        let root: &[&str] =
+            if !self.test_root_token || self.extra_args.iter().any(|a| a == "--root-token") {
+                &[]
+            } else {
+                &root_default
+            };
         let mut child = Command::new(binary())
             .arg("--data-dir")
             .arg(&self.data_dir)
@@ -99,6 +140,7 @@ impl Server {
             .arg("--resp-listen")
             .arg(format!("127.0.0.1:{}", self.resp_listen))
             .args(reap)
+            .args(root)
             .args(&self.extra_args)
             .env(
                 "STREAMGATE_LOG",
@@ -112,10 +154,13 @@ impl Server {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             // The banner names the HTTP endpoint first, then the RESP one, and ends with
-            // the lines for the s2 CLI.
+            // the lines for the s2 CLI, the access token last.
             let (mut endpoint, mut resp) = (String::new(), 0u16);
+            let mut banner = String::new();
             let mut lines = BufReader::new(stdout).lines();
             while let Some(Ok(line)) = lines.next() {
+                banner.push_str(&line);
+                banner.push('\n');
                 if let Some(rest) = line.split(" listening on ").nth(1) {
                     endpoint = rest.trim().to_owned();
                 } else if let Some(rest) = line.trim().strip_prefix("RESP:") {
@@ -125,14 +170,15 @@ impl Server {
                         .next()
                         .and_then(|p| p.parse().ok())
                         .unwrap_or(0);
-                } else if line.starts_with("Point the s2 CLI") {
-                    let _ = tx.send((endpoint.clone(), resp));
+                } else if line.contains("export S2_ACCESS_TOKEN=") {
+                    let _ = tx.send((endpoint.clone(), resp, std::mem::take(&mut banner)));
                 }
             }
         });
-        let (endpoint, resp_port) = rx
+        let (endpoint, resp_port, banner) = rx
             .recv_timeout(Duration::from_secs(60))
             .expect("streamgate did not report its address within 60 s");
+        self.banner = banner;
         self.port = endpoint.rsplit(':').next().unwrap().parse().unwrap();
         self.resp_port = resp_port;
         self.resp_listen = resp_port;
@@ -188,7 +234,7 @@ impl Drop for Server {
 
 /// Creates `basin` (if it does not exist yet) and each of `streams` in it, over REST.
 pub async fn create_streams(endpoint: &str, basin: &str, streams: &[&str]) {
-    let client = reqwest::Client::new();
+    let client = client();
     let status = client
         .post(format!("{endpoint}/v1/basins"))
         .json(&serde_json::json!({ "basin": basin }))
@@ -213,10 +259,22 @@ pub async fn create_streams(endpoint: &str, basin: &str, streams: &[&str]) {
     }
 }
 
+/// A name as one URL path segment (percent-encoding `/` and anything not unreserved).
+pub fn path_segment(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// Every record of a stream from its first retained one to the tail, as the REST API
 /// returns them (JSON objects), paging through single-batch reads.
 pub async fn read_stream(endpoint: &str, basin: &str, stream: &str) -> Vec<serde_json::Value> {
-    let client = reqwest::Client::new();
+    let client = client();
     let mut records: Vec<serde_json::Value> = Vec::new();
     loop {
         let next = records
@@ -224,7 +282,8 @@ pub async fn read_stream(endpoint: &str, basin: &str, stream: &str) -> Vec<serde
             .map_or(0, |r| r["seq_num"].as_u64().unwrap() + 1);
         let response = client
             .get(format!(
-                "{endpoint}/v1/streams/{stream}/records?seq_num={next}&count=1000"
+                "{endpoint}/v1/streams/{}/records?seq_num={next}&count=1000",
+                path_segment(stream)
             ))
             .header("s2-basin", basin)
             .send()

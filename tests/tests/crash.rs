@@ -96,7 +96,10 @@ async fn session_until_failure(
     let body = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
-    let h2 = Client::builder().http2_prior_knowledge().build().unwrap();
+    let h2 = streamgate_tests::client_builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
     let response = h2
         .post(format!("{endpoint}/v1/streams/s{stream}/records"))
         .header("s2-basin", BASIN)
@@ -172,7 +175,7 @@ async fn resp_until_failure(
         out
     };
     if socket
-        .write_all(command(&["AUTH", BASIN, "token"]).as_bytes())
+        .write_all(command(&["AUTH", BASIN, streamgate_tests::ROOT_TOKEN]).as_bytes())
         .await
         .is_err()
     {
@@ -359,7 +362,7 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
         .unwrap_or(12);
     let dir = tempfile::tempdir().unwrap();
     let mut server = Server::start(dir.path());
-    let client = Client::new();
+    let client = streamgate_tests::client();
     let endpoint = server.endpoint.clone();
     let resp_port = server.resp_port;
     let streams: Vec<String> = (0..STREAMS).map(|s| format!("s{s}")).collect();
@@ -452,7 +455,7 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
 async fn sigterm_drains_and_acknowledged_records_survive() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = Server::start(dir.path());
-    let client = Client::new();
+    let client = streamgate_tests::client();
     let endpoint = server.endpoint.clone();
     streamgate_tests::create_streams(&endpoint, BASIN, &["s0"]).await;
     let history = Arc::new(Mutex::new(History::default()));

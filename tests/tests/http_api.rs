@@ -12,7 +12,7 @@ struct Api {
 impl Api {
     fn new(server: &Server) -> Api {
         Api {
-            client: Client::new(),
+            client: streamgate_tests::client(),
             endpoint: server.endpoint.clone(),
         }
     }
@@ -433,12 +433,12 @@ async fn bad_requests_get_the_documented_errors() {
         ),
         (
             Method::GET,
-            "/access-tokens",
+            "/basins",
             None,
             None,
-            vec![],
-            StatusCode::NOT_IMPLEMENTED,
-            "not_implemented",
+            vec![("authorization", "Bearer not-a-token")],
+            StatusCode::UNAUTHORIZED,
+            "authn",
         ),
         (
             Method::GET,
@@ -756,7 +756,10 @@ async fn auto_creation_and_the_stream_config_header() {
 async fn http2_prior_knowledge_and_compression() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    let h2 = Client::builder().http2_prior_knowledge().build().unwrap();
+    let h2 = streamgate_tests::client_builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
     let response = h2
         .post(format!("{}/v1/basins", server.endpoint))
         .json(&json!({"basin": "h2-basin-1"}))
@@ -789,7 +792,10 @@ async fn http2_prior_knowledge_and_compression() {
         &[],
     )
     .await;
-    let raw = Client::builder().no_gzip().build().unwrap();
+    let raw = streamgate_tests::client_builder()
+        .no_gzip()
+        .build()
+        .unwrap();
     let response = raw
         .get(format!(
             "{}/v1/streams/big/records?seq_num=0",

@@ -143,7 +143,7 @@ fn start() -> (tempfile::TempDir, Server, Otlp) {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     let otlp = Otlp {
-        client: Client::new(),
+        client: streamgate_tests::client(),
         endpoint: server.endpoint.clone(),
     };
     (dir, server, otlp)

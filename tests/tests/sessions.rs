@@ -13,7 +13,7 @@ const BASIN: &str = "session-test";
 
 async fn setup(endpoint: &str, stream: &str) -> Client {
     streamgate_tests::create_streams(endpoint, BASIN, &[stream]).await;
-    Client::new()
+    streamgate_tests::client()
 }
 
 async fn append(client: &Client, endpoint: &str, stream: &str, bodies: &[&str]) {
@@ -177,7 +177,10 @@ async fn sigterm_acknowledges_accepted_inputs_then_ends_append_sessions_with_ser
             }
         })
     };
-    let h2 = Client::builder().http2_prior_knowledge().build().unwrap();
+    let h2 = streamgate_tests::client_builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
     let response = h2
         .post(format!("{endpoint}/v1/streams/drained/records"))
         .header("s2-basin", BASIN)
@@ -268,7 +271,10 @@ async fn an_s2s_append_session_works_over_http1_with_one_batch_in_flight() {
     let endpoint = server.endpoint.clone();
     setup(&endpoint, "h1").await;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
-    let h1 = Client::builder().http1_only().build().unwrap();
+    let h1 = streamgate_tests::client_builder()
+        .http1_only()
+        .build()
+        .unwrap();
     let request = h1
         .post(format!("{endpoint}/v1/streams/h1/records"))
         .header("s2-basin", BASIN)
@@ -330,7 +336,10 @@ async fn sessions_on_a_missing_stream_fail_before_they_start() {
     let server = Server::start(dir.path());
     let endpoint = server.endpoint.clone();
     setup(&endpoint, "exists").await;
-    let h2 = Client::builder().http2_prior_knowledge().build().unwrap();
+    let h2 = streamgate_tests::client_builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
     for (method, accept) in [
         (reqwest::Method::POST, None),
         (reqwest::Method::GET, None),

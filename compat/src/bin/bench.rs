@@ -141,7 +141,7 @@ async fn main() {
 
     let server = Server::start(&args.data_dir.join("server"));
     let pid = server.pid().unwrap();
-    let config = S2Config::new("unused")
+    let config = S2Config::new(streamgate_compat::ROOT_TOKEN)
         .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).unwrap())
         .with_insecure_skip_cert_verification(true)
         .with_request_timeout(Duration::from_secs(30))
@@ -206,7 +206,7 @@ async fn main() {
     let body = bytes::Bytes::from(streamgate_compat::wire::encode_append_input(
         &[&[b'x'; 8192][..]; 64],
     ));
-    let http = reqwest::Client::builder()
+    let http = streamgate_tests::client_builder()
         .http2_prior_knowledge()
         .build()
         .unwrap();

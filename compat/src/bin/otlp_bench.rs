@@ -60,7 +60,9 @@ fn scope() -> Option<InstrumentationScope> {
 /// A span like an HTTP server's: ids, times, a handful of attributes (~250 bytes).
 fn span(i: u64) -> Span {
     Span {
-        trace_id: (u128::from(i) * 0x9e37_79b9_7f4a_7c15).to_be_bytes().to_vec(),
+        trace_id: (u128::from(i) * 0x9e37_79b9_7f4a_7c15)
+            .to_be_bytes()
+            .to_vec(),
         span_id: (i + 1).to_be_bytes().to_vec(),
         name: "GET /api/orders/{id}".into(),
         kind: 2,
@@ -88,7 +90,10 @@ fn log(i: u64) -> LogRecord {
                 "order {i} accepted: 3 items, total 42.50 EUR, shipping to warehouse 7"
             ))),
         }),
-        attributes: vec![string("code.function", "accept_order"), string("order.id", &i.to_string())],
+        attributes: vec![
+            string("code.function", "accept_order"),
+            string("order.id", &i.to_string()),
+        ],
         ..Default::default()
     }
 }
@@ -149,8 +154,14 @@ fn logs(stream: &str, kib: usize) -> Workload {
 }
 
 /// Sends `body` back to back for `seconds`; returns (requests, latencies).
-async fn drive(endpoint: String, path: &str, content_type: &str, body: Vec<u8>, seconds: u64) -> Vec<Duration> {
-    let client = reqwest::Client::new();
+async fn drive(
+    endpoint: String,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+    seconds: u64,
+) -> Vec<Duration> {
+    let client = streamgate_tests::client();
     let url = format!("{endpoint}/otlp/v1/{path}");
     let body = bytes::Bytes::from(body);
     let deadline = Instant::now() + Duration::from_secs(seconds);
@@ -179,7 +190,7 @@ async fn main() {
     let _ = std::fs::remove_dir_all(&args.data_dir);
     std::fs::create_dir_all(&args.data_dir).unwrap();
     let server = Server::start(&args.data_dir.join("server"));
-    let http = reqwest::Client::new();
+    let http = streamgate_tests::client();
     let created = http
         .post(format!("{}/v1/basins", server.endpoint))
         .json(&serde_json::json!({"basin": "otlp-bench", "config": {"create_stream_on_append": true}}))
@@ -195,12 +206,20 @@ async fn main() {
     for make in [traces as fn(&str, usize) -> Workload, logs] {
         for clients in [1usize, 4] {
             for encoding in ["protobuf", "json"] {
-                let content_type = if encoding == "json" { "application/json" } else { "application/x-protobuf" };
+                let content_type = if encoding == "json" {
+                    "application/json"
+                } else {
+                    "application/x-protobuf"
+                };
                 let mut tasks = Vec::new();
                 let mut shape = None;
                 for c in 0..clients {
                     let workload = make(&format!("{encoding}-{clients}-{c}"), args.request_kib);
-                    let body = if encoding == "json" { workload.json } else { workload.protobuf };
+                    let body = if encoding == "json" {
+                        workload.json
+                    } else {
+                        workload.protobuf
+                    };
                     shape = Some((workload.path, workload.noun, workload.items, body.len()));
                     tasks.push(tokio::spawn(drive(
                         server.endpoint.clone(),

@@ -1,0 +1,595 @@
+//! Access tokens on the real binary: issue / list / revoke with the documented rules,
+//! and one authorization matrix — each operation × token scope — asserted identically
+//! through REST, S2S sessions, SSE, RESP and OTLP.
+
+use std::time::Duration;
+
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+use streamgate_tests::{path_segment, wire, Server, ROOT_TOKEN};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const BASIN_A: &str = "access-basin-a";
+const BASIN_B: &str = "access-basin-b";
+
+fn bearer(client: reqwest::RequestBuilder, token: &str) -> reqwest::RequestBuilder {
+    client.header("authorization", format!("Bearer {token}"))
+}
+
+/// A client that sends no token of its own.
+fn anonymous() -> Client {
+    Client::builder().build().unwrap()
+}
+
+async fn issue(endpoint: &str, issuer: &str, body: Value) -> (StatusCode, Value) {
+    let response = bearer(
+        anonymous().post(format!("{endpoint}/v1/access-tokens")),
+        issuer,
+    )
+    .json(&body)
+    .send()
+    .await
+    .unwrap();
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn issue_ok(endpoint: &str, body: Value) -> String {
+    let (status, reply) = issue(endpoint, ROOT_TOKEN, body).await;
+    assert_eq!(status, 201, "{reply}");
+    reply["access_token"].as_str().unwrap().to_owned()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Allowed,
+    Denied,
+    Unauthenticated,
+}
+
+/// An HTTP answer as an outcome, checking the documented error codes.
+async fn outcome(response: reqwest::Response) -> Outcome {
+    let status = response.status();
+    if status.is_success() {
+        return Outcome::Allowed;
+    }
+    let body = response.text().await.unwrap_or_default();
+    match status.as_u16() {
+        401 => {
+            if !body.is_empty() && !body.starts_with('\n') && body.starts_with('{') {
+                let error: Value = serde_json::from_str(&body).unwrap();
+                // REST errors carry `authn`; OTLP carries a google.rpc.Status.
+                assert!(error["code"] == "authn" || error["code"] == 16, "{body}");
+            }
+            Outcome::Unauthenticated
+        }
+        403 => {
+            let error: Value = serde_json::from_str(&body).unwrap();
+            assert!(
+                error["code"] == "permission_denied" || error["code"] == 7,
+                "{body}"
+            );
+            Outcome::Denied
+        }
+        _ => panic!("unexpected {status}: {body}"),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Append,
+    Read,
+    CheckTail,
+}
+
+/// One line of a RESP reply.
+async fn read_line(socket: &mut tokio::net::TcpStream) -> String {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\r\n") {
+        socket.read_exact(&mut byte).await.unwrap();
+        line.push(byte[0]);
+    }
+    String::from_utf8(line).unwrap()
+}
+
+async fn list_tokens(endpoint: &str, token: &str) -> Value {
+    let response = bearer(
+        anonymous().get(format!("{endpoint}/v1/access-tokens?prefix=")),
+        token,
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 200);
+    response.json::<Value>().await.unwrap()
+}
+
+/// Each front end's way to perform `op` on a stream with `token`.
+struct FrontEnds {
+    endpoint: String,
+    resp_port: u16,
+}
+
+impl FrontEnds {
+    async fn rest(&self, token: &str, op: Op, basin: &str, stream: &str) -> Outcome {
+        let url = format!(
+            "{}/v1/streams/{}/records",
+            self.endpoint,
+            path_segment(stream)
+        );
+        let request = match op {
+            Op::Append => anonymous()
+                .post(&url)
+                .json(&json!({"records": [{"body": "x"}]})),
+            Op::Read => anonymous().get(format!("{url}?seq_num=0&count=1")),
+            Op::CheckTail => anonymous().get(format!("{url}/tail")),
+        };
+        outcome(
+            bearer(request, token)
+                .header("s2-basin", basin)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    async fn sse(&self, token: &str, basin: &str, stream: &str) -> Outcome {
+        let url = format!(
+            "{}/v1/streams/{}/records?seq_num=0&count=1",
+            self.endpoint,
+            path_segment(stream)
+        );
+        let request = bearer(anonymous().get(url), token)
+            .header("s2-basin", basin)
+            .header("accept", "text/event-stream");
+        let response = request.send().await.unwrap();
+        let result = outcome(response).await;
+        result
+    }
+
+    /// One input through an S2S append session over HTTP/2; allowed means acknowledged.
+    async fn s2s_append(&self, token: &str, basin: &str, stream: &str) -> Outcome {
+        let frame = wire::s2s_frame(&wire::encode_append_input(&[b"s2s"]));
+        let h2 = Client::builder().http2_prior_knowledge().build().unwrap();
+        let url = format!(
+            "{}/v1/streams/{}/records",
+            self.endpoint,
+            path_segment(stream)
+        );
+        let response = bearer(h2.post(url), token)
+            .header("s2-basin", basin)
+            .header("content-type", "s2s/proto")
+            .body(frame)
+            .send()
+            .await
+            .unwrap();
+        if !response.status().is_success() {
+            return outcome(response).await;
+        }
+        let mut buffer = response.bytes().await.unwrap().to_vec();
+        let (flags, _) = wire::take_s2s_frame(&mut buffer).expect("a frame");
+        assert_eq!(
+            flags & 0x80,
+            0,
+            "the first frame is an ack, not a terminal error"
+        );
+        Outcome::Allowed
+    }
+
+    /// A Redis command after `AUTH <basin> <token>`: `WRONGPASS` is unauthenticated,
+    /// `NOPERM` denied, any other reply (not an error) allowed.
+    async fn resp(&self, token: &str, basin: &str, command: &[&str]) -> Outcome {
+        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", self.resp_port))
+            .await
+            .unwrap();
+        let encode = |args: &[&str]| {
+            let mut out = format!("*{}\r\n", args.len());
+            for arg in args {
+                out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+            }
+            out
+        };
+        socket
+            .write_all(encode(&["AUTH", basin, token]).as_bytes())
+            .await
+            .unwrap();
+        let auth = read_line(&mut socket).await;
+        if auth.starts_with("-WRONGPASS") {
+            return Outcome::Unauthenticated;
+        }
+        assert_eq!(auth, "+OK\r\n");
+        socket.write_all(encode(command).as_bytes()).await.unwrap();
+        let first = read_line(&mut socket).await;
+        if first.starts_with("-NOPERM") {
+            return Outcome::Denied;
+        }
+        assert!(!first.starts_with('-'), "{command:?}: {first}");
+        Outcome::Allowed
+    }
+
+    async fn otlp_append(&self, token: &str, basin: &str, stream: &str) -> Outcome {
+        let export = json!({"resourceLogs": [{
+            "resource": {"attributes": [{"key": "s2.stream", "value": {"stringValue": stream}}]},
+            "scopeLogs": [{"logRecords": [{"body": {"stringValue": "otlp"}}]}]
+        }]});
+        let response = bearer(
+            anonymous().post(format!("{}/otlp/v1/logs", self.endpoint)),
+            token,
+        )
+        .header("s2-basin", basin)
+        .json(&export)
+        .send()
+        .await
+        .unwrap();
+        outcome(response).await
+    }
+
+    /// `op` through every front end that can perform it, named.
+    async fn all(
+        &self,
+        token: &str,
+        op: Op,
+        basin: &str,
+        stream: &str,
+    ) -> Vec<(&'static str, Outcome)> {
+        let mut results = vec![("rest", self.rest(token, op, basin, stream).await)];
+        match op {
+            Op::Append => {
+                results.push(("s2s", self.s2s_append(token, basin, stream).await));
+                results.push((
+                    "resp",
+                    self.resp(token, basin, &["XADD", stream, "*", "f", "v"])
+                        .await,
+                ));
+                results.push(("otlp", self.otlp_append(token, basin, stream).await));
+            }
+            Op::Read => {
+                results.push(("sse", self.sse(token, basin, stream).await));
+                results.push((
+                    "resp",
+                    self.resp(token, basin, &["XRANGE", stream, "-", "+", "COUNT", "1"])
+                        .await,
+                ));
+            }
+            Op::CheckTail => {
+                results.push(("resp", self.resp(token, basin, &["XLEN", stream]).await));
+            }
+        }
+        results
+    }
+}
+
+fn scope(basins: Value, streams: Value, stream_read: bool, stream_write: bool) -> Value {
+    json!({
+        "basins": basins,
+        "streams": streams,
+        "op_groups": {"stream": {"read": stream_read, "write": stream_write}}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_front_end_enforces_the_same_authorization_matrix() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let endpoint = server.endpoint.clone();
+    let targets = [
+        (BASIN_A, "allowed/s"),
+        (BASIN_A, "other"),
+        (BASIN_B, "allowed/s"),
+    ];
+    for (basin, stream) in targets {
+        streamgate_tests::create_streams(&endpoint, basin, &[stream]).await;
+    }
+    let everything = json!({"prefix": ""});
+    let mut tokens = vec![
+        ("all", issue_ok(&endpoint, json!({"id": "m/all", "scope": scope(everything.clone(), everything.clone(), true, true)})).await),
+        ("basin-exact", issue_ok(&endpoint, json!({"id": "m/basin", "scope": scope(json!({"exact": BASIN_A}), everything.clone(), true, true)})).await),
+        ("stream-prefix", issue_ok(&endpoint, json!({"id": "m/prefix", "scope": scope(everything.clone(), json!({"prefix": "allowed/"}), true, true)})).await),
+        ("read-only", issue_ok(&endpoint, json!({"id": "m/read", "scope": scope(everything.clone(), everything.clone(), true, false)})).await),
+    ];
+    let expires_at = time::OffsetDateTime::now_utc() + time::Duration::seconds(2);
+    let expiring = issue_ok(&endpoint, json!({
+        "id": "m/expired",
+        "expires_at": expires_at.format(&time::format_description::well_known::Rfc3339).unwrap(),
+        "scope": scope(everything.clone(), everything.clone(), true, true)
+    }))
+    .await;
+    let revoked = issue_ok(&endpoint, json!({"id": "m/revoked", "scope": scope(everything.clone(), everything.clone(), true, true)})).await;
+    let response = bearer(
+        anonymous().delete(format!("{endpoint}/v1/access-tokens/m%2Frevoked")),
+        ROOT_TOKEN,
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 204);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    tokens.push(("expired", expiring));
+    tokens.push(("revoked", revoked));
+    tokens.push((
+        "unknown",
+        "sgt_0000000000000000000000000000000000000000000000000000000000000000".into(),
+    ));
+
+    let expected = |token: &str, op: Op, basin: &str, stream: &str| match token {
+        "all" => Outcome::Allowed,
+        "basin-exact" if basin == BASIN_A => Outcome::Allowed,
+        "basin-exact" => Outcome::Denied,
+        "stream-prefix" if stream.starts_with("allowed/") => Outcome::Allowed,
+        "stream-prefix" => Outcome::Denied,
+        "read-only" if op == Op::Append => Outcome::Denied,
+        "read-only" => Outcome::Allowed,
+        _ => Outcome::Unauthenticated,
+    };
+    let front_ends = FrontEnds {
+        endpoint: endpoint.clone(),
+        resp_port: server.resp_port,
+    };
+    let mut checked = 0;
+    for (name, token) in &tokens {
+        for op in [Op::Append, Op::Read, Op::CheckTail] {
+            for (basin, stream) in targets {
+                let want = expected(name, op, basin, stream);
+                for (front_end, got) in front_ends.all(token, op, basin, stream).await {
+                    assert_eq!(
+                        got, want,
+                        "{name} token, {op:?} on {basin}/{stream} via {front_end}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 7 * 3 * (4 + 3 + 2));
+
+    // No token at all.
+    let response = anonymous()
+        .get(format!("{endpoint}/v1/basins"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(outcome(response).await, Outcome::Unauthenticated);
+}
+
+#[tokio::test]
+async fn tokens_are_issued_listed_and_revoked_by_the_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let endpoint = server.endpoint.clone();
+
+    // A service token that may manage tokens under `svc/`, and use streams under `app/`.
+    let issuer = issue_ok(
+        &endpoint,
+        json!({
+            "id": "svc/issuer",
+            "scope": {
+                "basins": {"prefix": ""},
+                "streams": {"prefix": "app/"},
+                "access_tokens": {"prefix": "svc/"},
+                "op_groups": {"stream": {"read": true, "write": true}},
+                "ops": ["issue-access-token", "list-access-tokens", "revoke-access-token"]
+            }
+        }),
+    )
+    .await;
+
+    // Narrower: fine. Broader streams, another id space, or a group it lacks: 403.
+    let narrower = json!({"id": "svc/reader", "scope": {"basins": {"prefix": ""}, "streams": {"prefix": "app/x/"}, "ops": ["read", "check-tail"]}});
+    let (status, reply) = issue(&endpoint, &issuer, narrower.clone()).await;
+    assert_eq!(status, 201, "{reply}");
+    let reader = reply["access_token"].as_str().unwrap().to_owned();
+    for (what, body) in [
+        (
+            "broader streams",
+            json!({"id": "svc/wide", "scope": {"streams": {"prefix": ""}, "ops": ["read"]}}),
+        ),
+        (
+            "id outside svc/",
+            json!({"id": "user/x", "scope": {"streams": {"prefix": "app/"}, "ops": ["read"]}}),
+        ),
+        (
+            "account group",
+            json!({"id": "svc/acct", "scope": {"op_groups": {"account": {"read": true}}}}),
+        ),
+        (
+            "stream group from ops",
+            json!({"id": "svc/grp", "scope": {"streams": {"prefix": "app/"}, "op_groups": {"basin": {"read": true}}}}),
+        ),
+    ] {
+        let (status, reply) = issue(&endpoint, &issuer, body).await;
+        assert_eq!(status, 403, "{what}: {reply}");
+        assert_eq!(reply["code"], "permission_denied", "{what}");
+    }
+    // Invalid requests and duplicates.
+    let (status, reply) = issue(&endpoint, &issuer, json!({"id": "svc/none", "scope": {}})).await;
+    assert_eq!(
+        (status.as_u16(), reply["code"].as_str()),
+        (422, Some("invalid"))
+    );
+    let (status, reply) = issue(&endpoint, &issuer, narrower).await;
+    assert_eq!(
+        (status.as_u16(), reply["code"].as_str()),
+        (409, Some("resource_already_exists"))
+    );
+
+    // The reader reads under app/x/ only; it cannot issue or list tokens.
+    streamgate_tests::create_streams(&endpoint, BASIN_A, &["app/x/1", "app/y"]).await;
+    let read = |stream: &str| {
+        let url = format!(
+            "{endpoint}/v1/streams/{}/records/tail",
+            path_segment(stream)
+        );
+        bearer(anonymous().get(url), &reader)
+            .header("s2-basin", BASIN_A)
+            .send()
+    };
+    assert_eq!(read("app/x/1").await.unwrap().status(), 200);
+    assert_eq!(read("app/y").await.unwrap().status(), 403);
+    let (status, _) = issue(
+        &endpoint,
+        &reader,
+        json!({"id": "svc/z", "scope": {"ops": ["read"]}}),
+    )
+    .await;
+    assert_eq!(status, 403);
+
+    // Listing shows only what the issuer's matcher covers, never a secret.
+    let listed = list_tokens(&endpoint, &issuer).await;
+    let ids: Vec<&str> = listed["access_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["svc/issuer", "svc/reader"]);
+    let text = listed.to_string();
+    assert!(
+        !text.contains(&reader) && !text.contains("sgt_"),
+        "no secrets in listings"
+    );
+    let entry = &listed["access_tokens"][1];
+    assert_eq!(entry["scope"]["streams"], json!({"prefix": "app/x/"}));
+    assert_eq!(entry["scope"]["ops"], json!(["read", "check-tail"]));
+    assert_eq!(
+        entry["scope"]["op_groups"]["account"],
+        json!({"read": false, "write": false})
+    );
+    assert_eq!(entry["expires_at"], Value::Null);
+    assert_eq!(entry["auto_prefix_streams"], false);
+    let all = list_tokens(&endpoint, ROOT_TOKEN).await;
+    assert_eq!(
+        all["access_tokens"].as_array().unwrap().len(),
+        3,
+        "root sees root too"
+    );
+
+    // Revocation: immediate here; unknown ids are 404.
+    let revoke = |id: &str, token: &str| {
+        bearer(
+            anonymous().delete(format!("{endpoint}/v1/access-tokens/{id}")),
+            token,
+        )
+        .send()
+    };
+    assert_eq!(revoke("svc%2Freader", &issuer).await.unwrap().status(), 204);
+    assert_eq!(read("app/x/1").await.unwrap().status(), 401);
+    let gone = revoke("svc%2Freader", &issuer).await.unwrap();
+    assert_eq!(gone.status(), 404);
+    assert_eq!(
+        gone.json::<Value>().await.unwrap()["code"],
+        "access_token_not_found"
+    );
+    assert_eq!(revoke("root", &issuer).await.unwrap().status(), 403);
+}
+
+#[tokio::test]
+async fn auto_prefixed_tokens_see_a_namespace_on_every_front_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let endpoint = server.endpoint.clone();
+    streamgate_tests::create_streams(&endpoint, BASIN_A, &["elsewhere"]).await;
+    let tenant = issue_ok(&endpoint, json!({
+        "id": "tenant-1",
+        "auto_prefix_streams": true,
+        "scope": {
+            "basins": {"exact": BASIN_A},
+            "streams": {"prefix": "tenant-1/"},
+            "op_groups": {"basin": {"read": true, "write": true}, "stream": {"read": true, "write": true}}
+        }
+    }))
+    .await;
+    let as_tenant =
+        |request: reqwest::RequestBuilder| bearer(request, &tenant).header("s2-basin", BASIN_A);
+    let created = as_tenant(anonymous().post(format!("{endpoint}/v1/streams")))
+        .json(&json!({"stream": "events"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    assert_eq!(created.json::<Value>().await.unwrap()["name"], "events");
+
+    let front_ends = FrontEnds {
+        endpoint: endpoint.clone(),
+        resp_port: server.resp_port,
+    };
+    assert_eq!(
+        front_ends
+            .rest(&tenant, Op::Append, BASIN_A, "events")
+            .await,
+        Outcome::Allowed
+    );
+    assert_eq!(
+        front_ends
+            .resp(&tenant, BASIN_A, &["XADD", "events", "*", "f", "v"])
+            .await,
+        Outcome::Allowed
+    );
+    assert_eq!(
+        front_ends.otlp_append(&tenant, BASIN_A, "events").await,
+        Outcome::Allowed
+    );
+
+    // The tenant lists its own streams without the prefix, and nothing else.
+    let listed: Value = as_tenant(anonymous().get(format!("{endpoint}/v1/streams")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = listed["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["events"]);
+
+    // Stored under the prefix, with all three appends.
+    let records = streamgate_tests::read_stream(&endpoint, BASIN_A, "tenant-1/events").await;
+    assert_eq!(records.len(), 3);
+    let missing = as_tenant(anonymous().get(format!("{endpoint}/v1/streams/nope/records/tail")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let message = missing.json::<Value>().await.unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("`nope`") && !message.contains("tenant-1/"),
+        "{message}"
+    );
+}
+
+#[test]
+fn the_first_start_creates_a_root_token_file_readable_only_by_its_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_without_root_token(dir.path());
+    let file = dir.path().join("root-token");
+    let secret = std::fs::read_to_string(&file).unwrap().trim().to_owned();
+    assert!(secret.starts_with("sgt_") && secret.len() == 68);
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert!(server
+        .banner
+        .contains(&format!("export S2_ACCESS_TOKEN={secret}")));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let status = runtime.block_on(async {
+        bearer(
+            anonymous().get(format!("{}/v1/basins", server.endpoint)),
+            &secret,
+        )
+        .send()
+        .await
+        .unwrap()
+        .status()
+    });
+    assert_eq!(status, 200);
+}
