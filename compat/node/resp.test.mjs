@@ -6,13 +6,13 @@ import https from "node:https";
 import assert from "node:assert/strict";
 import { createClient } from "redis";
 import Redis from "ioredis";
-import { selfSignedCertificate, startServer } from "./server.mjs";
+import { ROOT_TOKEN, selfSignedCertificate, startServer } from "./server.mjs";
 
 const { endpoint, respPort } = await startServer();
 const basin = "node-resp-basin";
 const created = await fetch(`${endpoint}/v1/basins`, {
 	method: "POST",
-	headers: { "content-type": "application/json" },
+	headers: { "content-type": "application/json", authorization: `Bearer ${ROOT_TOKEN}` },
 	body: JSON.stringify({ basin, config: { create_stream_on_append: true } }),
 });
 assert.equal(created.status, 201);
@@ -24,7 +24,11 @@ const secureBasinReady = await new Promise((resolve) => {
 	// node:https, because the certificate is self-signed.
 	const request = https.request(
 		`${secure.endpoint}/v1/basins`,
-		{ method: "POST", headers: { "content-type": "application/json" }, rejectUnauthorized: false },
+		{
+			method: "POST",
+			headers: { "content-type": "application/json", authorization: `Bearer ${ROOT_TOKEN}` },
+			rejectUnauthorized: false,
+		},
 		(response) => {
 			response.resume();
 			resolve(response.statusCode === 201);
@@ -35,7 +39,7 @@ const secureBasinReady = await new Promise((resolve) => {
 });
 const servername = `${basin}.r.localhost`;
 
-const plainOptions = { socket: { host: "127.0.0.1", port: respPort }, username: basin, password: "token" };
+const plainOptions = { socket: { host: "127.0.0.1", port: respPort }, username: basin, password: ROOT_TOKEN };
 
 test("node-redis: append, page, tail", async () => {
 	await nodeRedisProgram(plainOptions);
@@ -45,7 +49,7 @@ test("node-redis over TLS with SNI naming the basin", async () => {
 	assert.ok(secureBasinReady, "the TLS server's basin was created");
 	await nodeRedisProgram({
 		socket: { host: "127.0.0.1", port: secure.respPort, tls: true, servername, rejectUnauthorized: false },
-		password: "token",
+		password: ROOT_TOKEN,
 	});
 });
 
@@ -83,7 +87,7 @@ async function nodeRedisProgram(options) {
 }
 
 test("ioredis: append, page, tail", async () => {
-	await ioredisProgram({ host: "127.0.0.1", port: respPort, username: basin, password: "token" });
+	await ioredisProgram({ host: "127.0.0.1", port: respPort, username: basin, password: ROOT_TOKEN });
 });
 
 test("ioredis over TLS with SNI naming the basin", async () => {
@@ -91,7 +95,7 @@ test("ioredis over TLS with SNI naming the basin", async () => {
 	await ioredisProgram({
 		host: "127.0.0.1",
 		port: secure.respPort,
-		password: "token",
+		password: ROOT_TOKEN,
 		tls: { servername, rejectUnauthorized: false },
 	});
 });

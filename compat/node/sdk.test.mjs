@@ -1,13 +1,13 @@
 // The TypeScript SDK (@s2-dev/streamstore, on Node.js: S2S sessions over HTTP/2)
 // against the real streamgate binary, which STREAMGATE_BIN names.
 import { test } from "node:test";
-import { startServer } from "./server.mjs";
+import { ROOT_TOKEN, startServer } from "./server.mjs";
 import assert from "node:assert/strict";
 import { AppendInput, AppendRecord, S2 } from "@s2-dev/streamstore";
 
 const { endpoint } = await startServer();
 const s2 = new S2({
-	accessToken: "unused",
+	accessToken: ROOT_TOKEN,
 	endpoints: { account: endpoint, basin: endpoint },
 });
 

@@ -7,11 +7,17 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
+// The root access token every test server is started with (`--root-token`).
+export const ROOT_TOKEN = "streamgate-test-root-token-0123456789";
+
 export async function startServer(extraArgs = []) {
 	const binary = process.env.STREAMGATE_BIN;
 	assert.ok(binary, "set STREAMGATE_BIN to a built streamgate binary (scripts/test.sh does)");
 	const dataDir = mkdtempSync(join(tmpdir(), "streamgate-node-"));
-	const args = ["--data-dir", dataDir, "--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0", ...extraArgs];
+	const args = [
+		"--data-dir", dataDir, "--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0",
+		"--root-token", ROOT_TOKEN, ...extraArgs,
+	];
 	const child = spawn(binary, args, {
 		stdio: ["ignore", "pipe", "inherit"],
 		env: { ...process.env, STREAMGATE_LOG: "warn" },
@@ -26,6 +32,7 @@ export async function startServer(extraArgs = []) {
 			clearTimeout(timer);
 			resolve({
 				endpoint: text.match(/ listening on (\S+)/)[1],
+				token: ROOT_TOKEN,
 				respPort: Number(text.match(/RESP:\s+\S+:(\d+)/)[1]),
 			});
 		});

@@ -14,10 +14,15 @@ from dataclasses import dataclass
 import pytest
 
 
+# The root access token every test server is started with (`--root-token`).
+ROOT_TOKEN = "streamgate-test-root-token-0123456789"
+
+
 @dataclass
 class Streamgate:
     endpoint: str
     resp_port: int
+    token: str = ROOT_TOKEN
 
 
 @contextlib.contextmanager
@@ -29,7 +34,7 @@ def launch(*extra_args):
     with tempfile.TemporaryDirectory() as data_dir:
         proc = subprocess.Popen(
             [binary, "--data-dir", data_dir, "--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0",
-             "--reap-interval-secs", "1", *extra_args],
+             "--reap-interval-secs", "1", "--root-token", ROOT_TOKEN, *extra_args],
             stdout=subprocess.PIPE,
             stderr=None,
             text=True,

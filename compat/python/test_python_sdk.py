@@ -7,6 +7,7 @@ those paths of the server.
 import asyncio
 
 import pytest
+from conftest import ROOT_TOKEN
 from s2_sdk import (
     S2,
     AppendInput,
@@ -28,7 +29,7 @@ from s2_sdk import (
 
 
 def client(endpoint):
-    return S2("unused", endpoints=Endpoints(account=endpoint, basin=endpoint), retry=Retry(max_attempts=1))
+    return S2(ROOT_TOKEN, endpoints=Endpoints(account=endpoint, basin=endpoint), retry=Retry(max_attempts=1))
 
 
 def run(coro):

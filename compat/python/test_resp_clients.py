@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 import redis
+from conftest import ROOT_TOKEN
 
 BASIN = "resp-basin-1"
 
@@ -20,6 +21,7 @@ BASIN = "resp-basin-1"
 def rest(server, method, path, body=None, basin=None):
     request = urllib.request.Request(server.endpoint + "/v1" + path, method=method)
     request.add_header("content-type", "application/json")
+    request.add_header("authorization", f"Bearer {ROOT_TOKEN}")
     if basin:
         request.add_header("s2-basin", basin)
     data = json.dumps(body).encode() if body is not None else None
@@ -37,7 +39,7 @@ def connect(server, protocol=2, **kwargs):
         host="127.0.0.1",
         port=server.resp_port,
         username=BASIN,
-        password="any-token",
+        password=ROOT_TOKEN,
         decode_responses=True,
         socket_timeout=30,
         protocol=protocol,
@@ -146,7 +148,7 @@ def test_documented_errors_and_semantics(server):
 
 def test_native_and_redis_clients_see_the_same_streams(server):
     make_basin(server, create_stream_on_append=True)
-    r = redis.Redis(host="127.0.0.1", port=server.resp_port, username=BASIN, password="t", socket_timeout=30)
+    r = redis.Redis(host="127.0.0.1", port=server.resp_port, username=BASIN, password=ROOT_TOKEN, socket_timeout=30)
     entry_id = r.xadd("mixed", {b"sensor": b"t1", b"": b"empty", b"\x00x": b"nul"}).decode()
     seq = int(entry_id.split("-")[1])
     native = rest(server, "GET", f"/streams/mixed/records?seq_num={seq}&count=1", basin=BASIN)
@@ -173,7 +175,7 @@ def test_redis_cli(server):
 
     def run(*args):
         out = subprocess.run(
-            [cli, "-p", str(server.resp_port), "--user", BASIN, "--pass", "t", "--no-auth-warning", *args],
+            [cli, "-p", str(server.resp_port), "--user", BASIN, "--pass", ROOT_TOKEN, "--no-auth-warning", *args],
             capture_output=True, text=True, timeout=30,
         )
         return out.stdout.strip()
@@ -200,13 +202,14 @@ def test_tls_with_sni_selects_the_basin(tmp_path):
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
         request.add_header("content-type", "application/json")
+        request.add_header("authorization", f"Bearer {ROOT_TOKEN}")
         body = json.dumps({"basin": BASIN, "config": {"create_stream_on_append": True}}).encode()
         with urllib.request.urlopen(request, data=body, context=context) as response:
             assert response.status == 201
 
         def cli(sni, *args):
             command = [shutil.which("redis-cli") or "redis-cli", "--tls", "--insecure", "-h", "127.0.0.1",
-                       "-p", str(server.resp_port), "--pass", "token", "--no-auth-warning"]
+                       "-p", str(server.resp_port), "--pass", ROOT_TOKEN, "--no-auth-warning"]
             if sni:
                 command += ["--sni", sni]
             out = subprocess.run(command + list(args), capture_output=True, text=True, timeout=30)

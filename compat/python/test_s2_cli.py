@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+from conftest import ROOT_TOKEN
 
 BASIN = "cli-basin-1"
 
@@ -23,7 +24,7 @@ def s2(endpoint, tmp_path):
         os.environ,
         S2_ACCOUNT_ENDPOINT=endpoint,
         S2_BASIN_ENDPOINT=endpoint,
-        S2_ACCESS_TOKEN="unused",
+        S2_ACCESS_TOKEN=ROOT_TOKEN,
         NO_COLOR="1",
         S2_NO_UPDATE_CHECK="1",
     )
