@@ -121,3 +121,47 @@ def test_bench_runs_and_verifies(s2):
     assert "Write:" in result.stderr and "Read:" in result.stderr, result.stderr
     assert "Catchup:" in result.stderr, result.stderr
     assert "verification failed" not in result.stderr
+
+
+def test_access_tokens_issued_listed_used_and_revoked(s2, server):
+    s2("create-basin", BASIN)
+    for stream in ["cli-jobs/a", "elsewhere"]:
+        s2("create-stream", f"s2://{BASIN}/{stream}")
+    issued = s2(
+        "issue-access-token", "cli/jobs",
+        "--basins-prefix", "",
+        "--streams-prefix", "cli-jobs/",
+        "--op-group-perms", "stream=rw",
+        "--expires-in", "1d",
+    )
+    token = issued.stdout.strip()
+    assert token and " " not in token, issued.stdout
+
+    listed = s2("list-access-tokens").stdout
+    assert "cli/jobs" in listed and "root" in listed, listed
+    assert "streams=cli-jobs/*" in listed and "s:rw" in listed, listed
+
+    def as_issued(*args, check=True):
+        env = dict(s2.env, S2_ACCESS_TOKEN=token)
+        result = subprocess.run([s2.binary, *args], input="one\n", capture_output=True, text=True, env=env, timeout=60)
+        if check:
+            assert result.returncode == 0, result.stderr
+        return result
+
+    assert "[APPENDED] 0..1" in as_issued("append", f"s2://{BASIN}/cli-jobs/a").stderr
+    denied = as_issued("append", f"s2://{BASIN}/elsewhere", check=False)
+    assert denied.returncode != 0 and "permission" in denied.stderr.lower(), denied.stderr
+    assert as_issued("read", f"s2://{BASIN}/cli-jobs/a", "-s", "0", "-n", "1").stdout == "one\n"
+
+    # The same token through redis-cli: in scope, then out of scope (NOPERM, connection kept).
+    cli = shutil.which("redis-cli") or "redis-cli"
+    redis = [cli, "-p", str(server.resp_port), "--user", BASIN, "--pass", token, "--no-auth-warning"]
+    added = subprocess.run(redis + ["XADD", "cli-jobs/a", "*", "k", "v"], capture_output=True, text=True, timeout=30)
+    assert added.stdout.strip().split("-")[1] == "1", added.stdout + added.stderr
+    refused = subprocess.run(redis + ["XADD", "elsewhere", "*", "k", "v"], capture_output=True, text=True, timeout=30)
+    assert refused.stdout.startswith("NOPERM"), refused.stdout + refused.stderr
+
+    assert "revoked" in s2("revoke-access-token", "cli/jobs").stderr
+    assert "cli/jobs" not in s2("list-access-tokens").stdout
+    after = as_issued("check-tail", f"s2://{BASIN}/cli-jobs/a", check=False)
+    assert after.returncode != 0, after.stdout

@@ -395,3 +395,63 @@ async fn auto_creation_on_append_and_read() {
         .unwrap_err();
     assert!(server_code(&err).contains("stream_not_found"), "{err:?}");
 }
+
+#[tokio::test]
+async fn access_tokens_issue_list_revoke_and_scope_the_sdk() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let root = sdk_client(&server);
+    let (_, _) = new_stream(&root, "rust-tokens", "scoped/a").await;
+    let (_, _) = new_stream(&root, "rust-tokens", "outside").await;
+
+    let scope = AccessTokenScopeInput::from_op_group_perms(
+        OperationGroupPermissions::new().with_stream(ReadWritePermissions::read_write()),
+    )
+    .with_basins(BasinMatcher::Exact("rust-tokens".parse().unwrap()))
+    .with_streams(StreamMatcher::Prefix("scoped/".parse().unwrap()));
+    let secret = root
+        .issue_access_token(IssueAccessTokenInput::new(
+            "rust/scoped".parse().unwrap(),
+            scope,
+        ))
+        .await
+        .unwrap();
+
+    let page = root
+        .list_access_tokens(ListAccessTokensInput::new().with_prefix("rust/".parse().unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(page.values.len(), 1);
+    let info = &page.values[0];
+    assert_eq!(info.id.to_string(), "rust/scoped");
+    assert!(info.expires_at.is_none());
+    assert!(!info.auto_prefix_streams);
+
+    let scoped = streamgate_compat::sdk_client_with_token(&server, &secret);
+    let basin = scoped.basin("rust-tokens".parse().unwrap());
+    let ack = basin
+        .stream("scoped/a".parse().unwrap())
+        .append(records(&["in scope"]))
+        .await
+        .unwrap();
+    assert_eq!(ack.end.seq_num, 1);
+    let denied = basin
+        .stream("outside".parse().unwrap())
+        .append(records(&["no"]))
+        .await
+        .unwrap_err();
+    assert!(
+        server_code(&denied).contains("permission_denied"),
+        "{denied:?}"
+    );
+
+    root.revoke_access_token("rust/scoped".parse().unwrap())
+        .await
+        .unwrap();
+    let revoked = basin
+        .stream("scoped/a".parse().unwrap())
+        .check_tail()
+        .await
+        .unwrap_err();
+    assert!(server_code(&revoked).contains("authn"), "{revoked:?}");
+}
