@@ -284,24 +284,38 @@ async fn missing_streams_are_rejected_when_the_basin_does_not_create_them() {
 }
 
 #[tokio::test]
-async fn gzip_bodies_are_accepted() {
+async fn gzip_deflate_and_zstd_bodies_are_accepted() {
     let (_dir, _server, otlp) = start();
     otlp.create_basin("otlp-gzip", true).await;
     let original = group(Some("zipped"), &["compressed"]);
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    encoder.write_all(&request(vec![original.clone()])).unwrap();
-    let (status, _, _) = otlp
-        .export(
-            Some("otlp-gzip"),
-            PROTOBUF,
-            &[("content-encoding", "gzip")],
-            encoder.finish().unwrap(),
-        )
-        .await;
-    assert_eq!(status, 200);
+    let plain = request(vec![original.clone()]);
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gzip.write_all(&plain).unwrap();
+    // HTTP's `deflate` is the zlib format.
+    let mut deflate = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    deflate.write_all(&plain).unwrap();
+    let zstd = zstd::encode_all(&plain[..], 3).unwrap();
+    for (encoding, body) in [
+        ("gzip", gzip.finish().unwrap()),
+        ("deflate", deflate.finish().unwrap()),
+        ("zstd", zstd),
+    ] {
+        let (status, _, _) = otlp
+            .export(
+                Some("otlp-gzip"),
+                PROTOBUF,
+                &[("content-encoding", encoding)],
+                body,
+            )
+            .await;
+        assert_eq!(status, 200, "{encoding}");
+    }
     let records = otlp.records("otlp-gzip", "zipped").await;
-    let stored = ExportTraceServiceRequest::decode(&records[0].1[..]).unwrap();
-    assert_eq!(stored.resource_spans, vec![original]);
+    assert_eq!(records.len(), 3);
+    for (_, body) in records {
+        let stored = ExportTraceServiceRequest::decode(&body[..]).unwrap();
+        assert_eq!(stored.resource_spans, vec![original.clone()]);
+    }
 }
 
 #[tokio::test]
