@@ -33,6 +33,17 @@ impl Caller {
         &self.engine
     }
 
+    /// Checks that `op` is allowed on a stream, without doing it: for front ends whose
+    /// commands are documented to need more operations than the calls they make (RESP).
+    pub fn authorize_stream(
+        &self,
+        op: Operation,
+        basin: &BasinName,
+        name: &StreamName,
+    ) -> Result<()> {
+        self.stream(op, basin, name).map(|_| ())
+    }
+
     // ---- basins ----
 
     pub async fn create_basin(

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use streamgate_core::access::Operation;
 use streamgate_core::names::{BasinName, StreamName};
 use streamgate_core::read::{ReadLimits, ReadStart, StreamReader};
 use streamgate_core::record::{
@@ -191,6 +192,57 @@ impl Session {
         Ok(())
     }
 
+    /// Checks the operations the S2 docs' permission table lists for a command, on
+    /// every key it names, before running it: `NOPERM` if any is outside the scope.
+    fn authorize(&self, command: &Command) -> Result<(), Reply> {
+        use streamgate_core::access::Operation::*;
+        let (keys, ops): (Vec<&Bytes>, Vec<Operation>) = match command {
+            Command::XAdd {
+                key,
+                nomkstream,
+                trim,
+                ..
+            } => {
+                let mut ops = vec![Append];
+                if *nomkstream {
+                    ops.push(CheckTail);
+                }
+                if trim.is_some() {
+                    ops.extend([Read, CheckTail, Trim]);
+                }
+                (vec![key], ops)
+            }
+            Command::XTrim { key, .. } => (vec![key], vec![Read, CheckTail, Append, Trim]),
+            Command::XRange { key, .. } | Command::XLen(key) => (vec![key], vec![Read, CheckTail]),
+            Command::XRead { block, keys, .. } => {
+                let ops = if block.is_some() && keys.len() == 1 {
+                    vec![Read]
+                } else {
+                    vec![Read, CheckTail]
+                };
+                (keys.iter().collect(), ops)
+            }
+            Command::Exists(keys) => (keys.iter().collect(), vec![GetStreamConfig]),
+            Command::Type(key) => (vec![key], vec![GetStreamConfig]),
+            _ => return Ok(()),
+        };
+        let Some(caller) = &self.caller else {
+            return Ok(());
+        };
+        for key in keys {
+            // A key that is no stream name gets the command's own error.
+            let Ok(name) = Self::stream_name(key) else {
+                continue;
+            };
+            for op in &ops {
+                caller
+                    .authorize_stream(*op, self.basin(), &name)
+                    .map_err(|e| error_reply(&e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Submits gathered XADDs as one append; the future yields one ID per XADD.
     pub async fn submit_xadds(
         &mut self,
@@ -253,6 +305,9 @@ impl Session {
     ) -> (Reply, bool) {
         if command.needs_auth() && self.caller.is_none() {
             return (Reply::error("NOAUTH Authentication required."), false);
+        }
+        if let Err(reply) = self.authorize(&command) {
+            return (reply, false);
         }
         let reply = match command {
             Command::Quit => return (Reply::ok(), true),

@@ -593,3 +593,66 @@ fn the_first_start_creates_a_root_token_file_readable_only_by_its_owner() {
     });
     assert_eq!(status, 200);
 }
+
+#[tokio::test]
+async fn redis_commands_need_the_operations_of_the_documented_permission_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let endpoint = server.endpoint.clone();
+    streamgate_tests::create_streams(&endpoint, BASIN_A, &["k"]).await;
+    let with_ops = |id: &str, ops: Value| json!({"id": id, "scope": {"basins": {"prefix": ""}, "streams": {"prefix": ""}, "ops": ops}});
+    let append_only = issue_ok(&endpoint, with_ops("r/append", json!(["append"]))).await;
+    let read_only = issue_ok(&endpoint, with_ops("r/read", json!(["read"]))).await;
+    let config_only = issue_ok(
+        &endpoint,
+        with_ops("r/config", json!(["get-stream-config"])),
+    )
+    .await;
+    let trimmer = issue_ok(
+        &endpoint,
+        with_ops("r/trim", json!(["append", "read", "check-tail", "trim"])),
+    )
+    .await;
+    let resp = FrontEnds {
+        endpoint,
+        resp_port: server.resp_port,
+    };
+    use Outcome::*;
+    let cases: [(&str, &[&str], Outcome); 12] = [
+        (&append_only, &["XADD", "k", "*", "f", "v"], Allowed),
+        (
+            &append_only,
+            &["XADD", "k", "NOMKSTREAM", "*", "f", "v"],
+            Denied,
+        ),
+        (
+            &append_only,
+            &["XADD", "k", "MAXLEN", "~", "5", "*", "f", "v"],
+            Denied,
+        ),
+        (&append_only, &["XLEN", "k"], Denied),
+        (&read_only, &["XRANGE", "k", "-", "+"], Denied),
+        (
+            &read_only,
+            &["XREAD", "BLOCK", "10", "STREAMS", "k", "0-0"],
+            Allowed,
+        ),
+        (&read_only, &["XREAD", "STREAMS", "k", "0-0"], Denied),
+        (&config_only, &["EXISTS", "k"], Allowed),
+        (&config_only, &["TYPE", "k"], Allowed),
+        (&config_only, &["XLEN", "k"], Denied),
+        (&trimmer, &["XTRIM", "k", "MAXLEN", "~", "0"], Allowed),
+        (
+            &trimmer,
+            &["XADD", "k", "MINID", "~", "0", "*", "f", "v"],
+            Allowed,
+        ),
+    ];
+    for (token, command, want) in cases {
+        assert_eq!(
+            resp.resp(token, BASIN_A, command).await,
+            want,
+            "{command:?}"
+        );
+    }
+}
