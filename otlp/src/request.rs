@@ -3,11 +3,13 @@
 //!
 //! A record body is an export request holding exactly that one group, in the encoding
 //! the request arrived in. For protobuf it is the group's bytes as sent (field 1 of the
-//! request, unchanged); for JSON it is the group's JSON object as sent. A group larger
+//! request, unchanged); for JSON it is the group's JSON text as sent. A group larger
 //! than one record is split by scope and item (see `split`).
 
 use bytes::Bytes;
-use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
 use streamgate_core::names::StreamName;
 
 use crate::signal::Signal;
@@ -148,15 +150,16 @@ fn encode_protobuf(group: &Group<Vec<u8>, Bytes>) -> Vec<u8> {
 // ---- JSON ----
 
 fn parse_json(signal: Signal, body: &Bytes, limit: usize) -> Result<Vec<ParsedGroup>, String> {
-    let request: Value = serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
-    let Value::Object(mut request) = request else {
-        return Err("an export request must be a JSON object".into());
-    };
+    // Groups stay the exact text the client sent (parsed once, for checking and routing);
+    // only a group too large for one record is taken apart.
+    let request: BTreeMap<String, &RawValue> =
+        serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
     let key = signal.groups_key();
-    let groups = match request.remove(key) {
-        Some(Value::Array(groups)) => groups,
-        Some(Value::Null) => Vec::new(),
-        Some(_) => return Err(format!("`{key}` must be an array")),
+    let groups: Vec<&RawValue> = match request.get(key) {
+        Some(groups) if groups.get() == "null" => Vec::new(),
+        Some(groups) => {
+            serde_json::from_str(groups.get()).map_err(|_| format!("`{key}` must be an array"))?
+        }
         None => {
             // OTLP/JSON keys are lowerCamelCase; say so rather than store nothing.
             if let Some(other) = request
@@ -172,17 +175,20 @@ fn parse_json(signal: Signal, body: &Bytes, limit: usize) -> Result<Vec<ParsedGr
     };
     let mut parsed = Vec::with_capacity(groups.len());
     for group in groups {
-        if !group.is_object() {
+        let text = group.get();
+        if !text.starts_with('{') {
             return Err(format!("each element of `{key}` must be an object"));
         }
-        let info = signal.inspect_json(&group)?;
+        let info = signal.inspect_json(text)?;
         let target = info.stream.and_then(|stream| {
-            let whole = json_request(signal, &group);
+            let whole = json_request(signal, text);
             let bodies = if whole.len() <= limit {
                 vec![whole.into()]
             } else {
-                let encode = |g: &Group<Map<String, Value>, Value>| encode_json(signal, g);
-                split::pieces(json_group(signal, group), limit, &encode)
+                let encode = |g: &Group<RawFields<'_>, &RawValue>| {
+                    json_request(signal, &assemble_json(signal, g))
+                };
+                split::pieces(json_group(signal, text)?, limit, &encode)
                     .ok_or_else(|| too_large(signal, limit))?
             };
             Ok((stream, bodies))
@@ -195,54 +201,85 @@ fn parse_json(signal: Signal, body: &Bytes, limit: usize) -> Result<Vec<ParsedGr
     Ok(parsed)
 }
 
-/// `{"<groups key>":[group]}`, written directly to avoid copying the group.
-fn json_request(signal: Signal, group: &Value) -> Vec<u8> {
-    let mut out = format!("{{\"{}\":[", signal.groups_key()).into_bytes();
-    serde_json::to_writer(&mut out, group).expect("a JSON value always serializes");
+/// `{"<groups key>":[group]}` around a group's JSON text.
+fn json_request(signal: Signal, group: &str) -> Vec<u8> {
+    let key = signal.groups_key();
+    let mut out = Vec::with_capacity(group.len() + key.len() + 8);
+    out.extend_from_slice(b"{\"");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":[");
+    out.extend_from_slice(group.as_bytes());
     out.extend_from_slice(b"]}");
     out
 }
 
-fn json_group(signal: Signal, group: Value) -> Group<Map<String, Value>, Value> {
-    let mut head = as_object(group);
-    let scopes = match head.remove(signal.scopes_key()) {
-        Some(Value::Array(scopes)) => scopes,
-        _ => Vec::new(),
-    };
-    let scopes = scopes
+/// A JSON object's fields, each value as the text the client sent.
+type RawFields<'a> = Vec<(String, &'a RawValue)>;
+
+/// A JSON resource group taken apart without copying: heads are the other fields of the
+/// group and its scopes, items the raw text of each span, metric or log record.
+fn json_group<'a>(
+    signal: Signal,
+    text: &'a str,
+) -> Result<Group<RawFields<'a>, &'a RawValue>, String> {
+    fn object(text: &str) -> Result<BTreeMap<String, &RawValue>, String> {
+        serde_json::from_str(text).map_err(|e| format!("invalid OTLP JSON: {e}"))
+    }
+    fn list(value: Option<&RawValue>) -> Result<Vec<&RawValue>, String> {
+        match value {
+            None => Ok(Vec::new()),
+            Some(v) if v.get() == "null" => Ok(Vec::new()),
+            Some(v) => serde_json::from_str(v.get()).map_err(|e| format!("invalid OTLP JSON: {e}")),
+        }
+    }
+    let mut head = object(text)?;
+    let scopes = list(head.remove(signal.scopes_key()))?
         .into_iter()
         .map(|scope| {
-            let mut head = as_object(scope);
-            let items = match head.remove(signal.items_key()) {
-                Some(Value::Array(items)) => items,
-                _ => Vec::new(),
-            };
-            Scope { head, items }
+            let mut head = object(scope.get())?;
+            let items = list(head.remove(signal.items_key()))?;
+            Ok(Scope {
+                head: head.into_iter().collect(),
+                items,
+            })
         })
-        .collect();
-    Group { head, scopes }
+        .collect::<Result<_, String>>()?;
+    Ok(Group {
+        head: head.into_iter().collect(),
+        scopes,
+    })
 }
 
-fn as_object(value: Value) -> Map<String, Value> {
-    match value {
-        Value::Object(map) => map,
-        _ => Map::new(),
+/// A (piece of a) group as one JSON object, written from the raw parts.
+fn assemble_json(signal: Signal, group: &Group<RawFields<'_>, &RawValue>) -> String {
+    fn open_with_fields(out: &mut String, fields: &RawFields<'_>) {
+        out.push('{');
+        for (key, value) in fields {
+            out.push_str(&serde_json::to_string(key).expect("a string always serializes"));
+            out.push(':');
+            out.push_str(value.get());
+            out.push(',');
+        }
     }
-}
-
-fn encode_json(signal: Signal, group: &Group<Map<String, Value>, Value>) -> Vec<u8> {
-    let mut object = group.head.clone();
-    let scopes = group
-        .scopes
-        .iter()
-        .map(|scope| {
-            let mut object = scope.head.clone();
-            object.insert(signal.items_key().into(), Value::Array(scope.items.clone()));
-            Value::Object(object)
-        })
-        .collect();
-    object.insert(signal.scopes_key().into(), Value::Array(scopes));
-    json_request(signal, &Value::Object(object))
+    let mut out = String::new();
+    open_with_fields(&mut out, &group.head);
+    out.push_str(&format!("\"{}\":[", signal.scopes_key()));
+    for (i, scope) in group.scopes.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        open_with_fields(&mut out, &scope.head);
+        out.push_str(&format!("\"{}\":[", signal.items_key()));
+        for (j, item) in scope.items.iter().enumerate() {
+            if j > 0 {
+                out.push(',');
+            }
+            out.push_str(item.get());
+        }
+        out.push_str("]}");
+    }
+    out.push_str("]}");
+    out
 }
 
 #[cfg(test)]
@@ -259,6 +296,7 @@ mod tests {
     use opentelemetry_proto::tonic::resource::v1::Resource;
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
     use prost::Message;
+    use serde_json::Value;
 
     use super::*;
 

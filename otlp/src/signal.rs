@@ -92,9 +92,9 @@ impl Signal {
 
     /// Decodes one resource group of the OTLP JSON mapping (which checks hex ids,
     /// 64-bit integers as strings or numbers, and integer enums).
-    pub(crate) fn inspect_json(self, group: &serde_json::Value) -> Result<GroupInfo, String> {
-        fn decode<G: ResourceGroup>(group: &serde_json::Value) -> Result<GroupInfo, String> {
-            G::deserialize(group)
+    pub(crate) fn inspect_json(self, group: &str) -> Result<GroupInfo, String> {
+        fn decode<G: ResourceGroup>(group: &str) -> Result<GroupInfo, String> {
+            serde_json::from_str::<G>(group)
                 .map(|g| g.info())
                 .map_err(|e| format!("invalid OTLP JSON: {e}"))
         }
