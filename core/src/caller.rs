@@ -18,19 +18,41 @@ use crate::storage::metadata::{BasinRecord, ListPage, ListRange, StreamRecord};
 pub struct Caller {
     engine: Engine,
     principal: Arc<Principal>,
+    /// The digest of the token's secret, to check it is still valid; `None` for the
+    /// server's own root access.
+    digest: Option<[u8; 32]>,
 }
 
 impl Caller {
-    pub fn new(engine: Engine, principal: Arc<Principal>) -> Caller {
-        Caller { engine, principal }
+    pub(crate) fn new(
+        engine: Engine,
+        principal: Arc<Principal>,
+        digest: Option<[u8; 32]>,
+    ) -> Caller {
+        Caller {
+            engine,
+            principal,
+            digest,
+        }
     }
 
-    pub fn principal(&self) -> &Principal {
-        &self.principal
+    /// `authn` once the token has been revoked (seen within `CACHE_TTL`) or has
+    /// expired: sessions and connections call this as they go.
+    pub async fn still_valid(&self) -> Result<()> {
+        match &self.digest {
+            None => Ok(()),
+            Some(digest) => self.engine.tokens().verified(digest).await.map(|_| ()),
+        }
     }
 
-    pub fn engine(&self) -> &Engine {
-        &self.engine
+    /// What this server is configured with (location, storage class, ...).
+    pub fn settings(&self) -> &crate::EngineSettings {
+        self.engine.settings()
+    }
+
+    /// See `Engine::is_congested`.
+    pub fn is_congested(&self, metered: u64) -> bool {
+        self.engine.is_congested(metered)
     }
 
     /// Checks that `op` is allowed on a stream, without doing it: for front ends whose
@@ -94,10 +116,10 @@ impl Caller {
         let Some(range) = within_matcher(&self.principal.scope().basins, range) else {
             return Ok(empty_page());
         };
-        let mut page = self.engine.list_basins(&range).await?;
-        page.items
-            .retain(|b| self.principal.sees_basin(b.name.as_str()));
-        Ok(page)
+        let page = self.engine.list_basins(&range).await?;
+        Ok(only_matching(&self.principal.scope().basins, page, |b| {
+            self.principal.sees_basin(b.name.as_str())
+        }))
     }
 
     pub async fn delete_basin(&self, name: &BasinName) -> Result<()> {
@@ -138,6 +160,10 @@ impl Caller {
         match err {
             Error::StreamNotFound(name) => Error::StreamNotFound(rename(name)),
             Error::StreamDeletionPending(name) => Error::StreamDeletionPending(rename(name)),
+            Error::AlreadyExists(what) => match self.principal.stored_prefix("") {
+                prefix if prefix.is_empty() => Error::AlreadyExists(what),
+                prefix => Error::AlreadyExists(what.replace(&format!("`{prefix}"), "`")),
+            },
             other => other,
         }
     }
@@ -225,8 +251,10 @@ impl Caller {
         let Some(stored) = within_matcher(&self.principal.scope().streams, &stored) else {
             return Ok(empty_page());
         };
-        let mut page = self.engine.list_streams(basin, &stored).await?;
-        page.items.retain(|s| self.principal.sees_stream(&s.name));
+        let page = self.engine.list_streams(basin, &stored).await?;
+        let mut page = only_matching(&self.principal.scope().streams, page, |s| {
+            self.principal.sees_stream(&s.name)
+        });
         page.items = page.items.into_iter().map(|s| self.shown(s)).collect();
         Ok(page)
     }
@@ -350,10 +378,12 @@ impl Caller {
         let Some(range) = within_matcher(&self.principal.scope().access_tokens, range) else {
             return Ok(empty_page());
         };
-        let mut page = self.engine.tokens().list(&range).await?;
-        page.items
-            .retain(|t| self.principal.sees_access_token(&t.id));
-        Ok(page)
+        let page = self.engine.tokens().list(&range).await?;
+        Ok(only_matching(
+            &self.principal.scope().access_tokens,
+            page,
+            |t| self.principal.sees_access_token(&t.id),
+        ))
     }
 
     pub async fn revoke_access_token(&self, id: &str) -> Result<()> {
@@ -361,6 +391,21 @@ impl Caller {
             .check(Operation::RevokeAccessToken, Target::AccessToken(id))?;
         self.engine.tokens().revoke(id).await
     }
+}
+
+/// A page without what the matcher does not cover. Under an exact matcher the page held
+/// only names sharing its prefix, so there is never more to see (and saying so would
+/// reveal that such names exist).
+fn only_matching<T>(
+    matcher: &Option<ResourceSet>,
+    mut page: ListPage<T>,
+    visible: impl Fn(&T) -> bool,
+) -> ListPage<T> {
+    page.items.retain(|item| visible(item));
+    if matches!(matcher, Some(ResourceSet::Exact(_))) {
+        page.has_more = false;
+    }
+    page
 }
 
 fn empty_page<T>() -> ListPage<T> {

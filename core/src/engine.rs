@@ -158,13 +158,13 @@ impl Engine {
 
     /// The engine as the holder of `bearer` (an access token's secret) sees it.
     pub async fn authenticate(&self, bearer: &str) -> Result<Caller> {
-        let principal = self.inner.tokens.authenticate(bearer).await?;
-        Ok(Caller::new(self.clone(), principal))
+        let (principal, digest) = self.inner.tokens.authenticate(bearer).await?;
+        Ok(Caller::new(self.clone(), principal, Some(digest)))
     }
 
     /// The engine with full access, for the server's own work and for tests.
     pub fn as_root(&self) -> Caller {
-        Caller::new(self.clone(), Arc::new(Principal::root()))
+        Caller::new(self.clone(), Arc::new(Principal::root()), None)
     }
 
     /// This process's WAL epoch.

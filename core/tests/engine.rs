@@ -14,12 +14,25 @@ use streamgate_core::storage::local_dir::LocalDirObjectStore;
 use streamgate_core::storage::sqlite::SqliteMetadataStore;
 use streamgate_core::{Caller, Engine, EngineSettings, Error};
 
-/// The engine with full access (the root principal): authorization has its own tests.
-async fn open(dir: &Path) -> Caller {
+/// An engine, used with full access (the root principal): authorization has its own
+/// tests. Derefs to the root `Caller`.
+struct TestEngine {
+    engine: Engine,
+    root: Caller,
+}
+
+impl std::ops::Deref for TestEngine {
+    type Target = Caller;
+    fn deref(&self) -> &Caller {
+        &self.root
+    }
+}
+
+async fn open(dir: &Path) -> TestEngine {
     open_with(dir, EngineSettings::default()).await
 }
 
-async fn open_with(dir: &Path, settings: EngineSettings) -> Caller {
+async fn open_with(dir: &Path, settings: EngineSettings) -> TestEngine {
     let metadata = SqliteMetadataStore::open(&dir.join("metadata.db"))
         .await
         .unwrap();
@@ -28,10 +41,13 @@ async fn open_with(dir: &Path, settings: EngineSettings) -> Caller {
         reap_interval: Duration::from_millis(200),
         ..settings
     };
-    Engine::open(Arc::new(metadata), Arc::new(objects), settings)
+    let engine = Engine::open(Arc::new(metadata), Arc::new(objects), settings)
         .await
-        .unwrap()
-        .as_root()
+        .unwrap();
+    TestEngine {
+        root: engine.as_root(),
+        engine,
+    }
 }
 
 fn basin() -> BasinName {
@@ -125,7 +141,7 @@ async fn acknowledged_records_fences_and_trims_survive_restart() {
         .await
         .unwrap();
     let before = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
-    engine.engine().shutdown().await;
+    engine.engine.shutdown().await;
     drop(engine);
 
     let engine = open(dir.path()).await;
@@ -402,7 +418,7 @@ async fn a_recreated_stream_never_sees_old_records_and_names_wait_for_deletion()
         .append(&basin(), &s, records(&["new"]), None)
         .await
         .unwrap();
-    engine.engine().shutdown().await;
+    engine.engine.shutdown().await;
     drop(engine);
     let engine = open(dir.path()).await;
     let batch = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
@@ -422,8 +438,8 @@ async fn recovery_stops_at_chunk_1(damage: impl FnOnce(&Path)) {
             .await
             .unwrap();
     }
-    let epoch = engine.engine().epoch();
-    engine.engine().shutdown().await;
+    let epoch = engine.engine.epoch();
+    engine.engine.shutdown().await;
     drop(engine);
     let chunk_1 = dir
         .path()

@@ -188,48 +188,71 @@ fn print_banner(
 }
 
 /// Makes sure the root token exists and returns what the banner shows for it: the
-/// secret from `--root-token`, or the one generated at first start (then written to
-/// `<data-dir>/root-token`, readable only by this user).
+/// secret from `--root-token`, or the one generated at first start, which is written to
+/// `<data-dir>/root-token` (readable only by this user) before the token exists, so a
+/// crash in between never leaves a root token nobody knows.
 async fn root_token(engine: &Engine, args: &Args) -> anyhow::Result<String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let file = args.data_dir.join("root-token");
+    let tokens = engine.tokens();
     if let Some(secret) = &args.root_token {
-        engine
-            .tokens()
-            .ensure_root(Some(secret))
+        tokens
+            .set_root(secret, false)
             .await
             .map_err(|e| anyhow::anyhow!("--root-token: {e}"))?;
+        // A generated secret kept from an earlier start no longer works.
+        match std::fs::remove_file(&file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {}", file.display()))
+            }
+            _ => {}
+        }
         return Ok(secret.clone());
     }
-    match engine
-        .tokens()
-        .ensure_root(None)
+    if tokens
+        .has_root()
         .await
-        .context("creating the root token")?
+        .context("reading the access tokens")?
     {
-        Some(generated) => {
-            let mut out = std::fs::OpenOptions::new()
-                .create(true)
-                .write(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&file)
-                .with_context(|| format!("writing {}", file.display()))?;
-            writeln!(out, "{generated}")?;
-            out.sync_all()?;
-            tracing::info!(file = %file.display(), "created the root access token");
-            Ok(generated)
-        }
-        None => Ok(std::fs::read_to_string(&file)
+        return Ok(std::fs::read_to_string(&file)
             .map(|t| t.trim().to_owned())
             .unwrap_or_else(|_| {
                 format!(
-                    "<the root token; {} is missing: restart with --root-token to set one>",
+                    "<the root token; {} is gone: restart with --root-token to set a new one>",
                     file.display()
                 )
-            })),
+            }));
     }
+    let generated = streamgate_core::access::secret::generate();
+    write_private_file(&file, &generated)?;
+    tokens
+        .set_root(&generated, true)
+        .await
+        .context("creating the root token")?;
+    tracing::info!(file = %file.display(), "created the root access token");
+    Ok(generated)
+}
+
+/// Writes `contents` to `path` durably and readable only by this user: a temporary
+/// file made with mode 0600, fsync'd, renamed over `path`, and the directory fsync'd.
+fn write_private_file(path: &std::path::Path, contents: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let temporary = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&temporary); // so the mode below applies
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temporary)
+        .with_context(|| format!("writing {}", temporary.display()))?;
+    writeln!(out, "{contents}")?;
+    out.sync_all()?;
+    std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Takes an exclusive lock on the data directory for the life of the process: two

@@ -113,7 +113,7 @@ pub(crate) async fn store(
         .flat_map(|w| &w.bodies)
         .map(|b| metered_size(&headers, b))
         .sum();
-    if caller.engine().is_congested(total) {
+    if caller.is_congested(total) {
         return Err(ExportError::Unavailable(
             "the server is writing as fast as storage allows; retry shortly".into(),
         ));

@@ -192,6 +192,19 @@ impl Session {
         Ok(())
     }
 
+    /// A token revoked or expired since AUTH ends the authentication: `NOAUTH` until
+    /// the client authenticates again.
+    async fn still_authenticated(&mut self, command: &Command) -> Result<(), Reply> {
+        let Some(caller) = self.caller.as_ref().filter(|_| command.needs_auth()) else {
+            return Ok(());
+        };
+        if let Err(err) = caller.still_valid().await {
+            self.caller = None;
+            return Err(Reply::error(format!("NOAUTH {err}")));
+        }
+        Ok(())
+    }
+
     /// Checks the operations the S2 docs' permission table lists for a command, on
     /// every key it names, before running it: `NOPERM` if any is outside the scope.
     fn authorize(&self, command: &Command) -> Result<(), Reply> {
@@ -257,6 +270,16 @@ impl Session {
             records: batch.records.iter().map(|fields| record(fields)).collect(),
             ..Default::default()
         };
+        // The token may have been revoked (or have expired) since the batch began.
+        let still_valid = match &self.caller {
+            Some(caller) => caller.still_valid().await,
+            None => Err(Error::Unauthenticated("Authentication required.".into())),
+        };
+        if let Err(err) = still_valid {
+            self.caller = None;
+            let reply = Reply::error(format!("NOAUTH {err}"));
+            return Box::pin(async move { (vec![reply; count], false) });
+        }
         match self
             .caller()
             .submit_append(self.basin(), &name, input, None)
@@ -305,6 +328,9 @@ impl Session {
     ) -> (Reply, bool) {
         if command.needs_auth() && self.caller.is_none() {
             return (Reply::error("NOAUTH Authentication required."), false);
+        }
+        if let Err(reply) = self.still_authenticated(&command).await {
+            return (reply, false);
         }
         if let Err(reply) = self.authorize(&command) {
             return (reply, false);

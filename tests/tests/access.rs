@@ -569,7 +569,20 @@ async fn auto_prefixed_tokens_see_a_namespace_on_every_front_end() {
 fn the_first_start_creates_a_root_token_file_readable_only_by_its_owner() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_without_root_token(dir.path());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let status = |server: &Server, token: &str| {
+        runtime.block_on(async {
+            bearer(
+                anonymous().get(format!("{}/v1/basins", server.endpoint)),
+                token,
+            )
+            .send()
+            .await
+            .unwrap()
+            .status()
+        })
+    };
+    let mut server = Server::start_without_root_token(dir.path());
     let file = dir.path().join("root-token");
     let secret = std::fs::read_to_string(&file).unwrap().trim().to_owned();
     assert!(secret.starts_with("sgt_") && secret.len() == 68);
@@ -580,18 +593,22 @@ fn the_first_start_creates_a_root_token_file_readable_only_by_its_owner() {
     assert!(server
         .banner
         .contains(&format!("export S2_ACCESS_TOKEN={secret}")));
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let status = runtime.block_on(async {
-        bearer(
-            anonymous().get(format!("{}/v1/basins", server.endpoint)),
-            &secret,
-        )
-        .send()
-        .await
-        .unwrap()
-        .status()
-    });
-    assert_eq!(status, 200);
+    assert_eq!(status(&server, &secret), 200);
+
+    // A restart keeps the same root token and shows it again.
+    server.restart();
+    assert!(server
+        .banner
+        .contains(&format!("export S2_ACCESS_TOKEN={secret}")));
+    assert_eq!(status(&server, &secret), 200);
+    server.kill9();
+
+    // --root-token replaces it, and the file of the old one goes.
+    let chosen = "an-operator-chosen-root-token-42";
+    let server = Server::start_with(dir.path(), &["--root-token", chosen]);
+    assert_eq!(status(&server, chosen), 200);
+    assert_eq!(status(&server, &secret), 401);
+    assert!(!file.exists());
 }
 
 #[tokio::test]
@@ -655,4 +672,98 @@ async fn redis_commands_need_the_operations_of_the_documented_permission_table()
             "{command:?}"
         );
     }
+}
+
+#[tokio::test]
+async fn revocation_reaches_open_sessions_and_connections() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let endpoint = server.endpoint.clone();
+    streamgate_tests::create_streams(&endpoint, BASIN_A, &["live"]).await;
+    let everything = json!({"prefix": ""});
+    let token = issue_ok(
+        &endpoint,
+        json!({"id": "live", "scope": scope(everything.clone(), everything, true, true)}),
+    )
+    .await;
+    let append_as_root = |body: &'static str| {
+        streamgate_tests::client()
+            .post(format!("{endpoint}/v1/streams/live/records"))
+            .header("s2-basin", BASIN_A)
+            .json(&json!({"records": [{"body": body}]}))
+            .send()
+    };
+
+    // A following SSE session and an authenticated RESP connection, both working.
+    let response = bearer(
+        anonymous().get(format!("{endpoint}/v1/streams/live/records?seq_num=0")),
+        &token,
+    )
+    .header("s2-basin", BASIN_A)
+    .header("accept", "text/event-stream")
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut events = response.bytes_stream();
+    let mut seen = String::new();
+    macro_rules! read_until {
+        ($needle:expr) => {
+            while !seen.contains($needle) {
+                let chunk = tokio::time::timeout(Duration::from_secs(20), events.next())
+                    .await
+                    .expect("the session goes on")
+                    .expect("the session is open")
+                    .unwrap();
+                seen.push_str(std::str::from_utf8(&chunk).unwrap());
+            }
+        };
+    }
+    assert_eq!(append_as_root("before").await.unwrap().status(), 200);
+    read_until!("before");
+
+    let mut resp = tokio::net::TcpStream::connect(("127.0.0.1", server.resp_port))
+        .await
+        .unwrap();
+    let xadd = "*5\r\n$4\r\nXADD\r\n$4\r\nlive\r\n$1\r\n*\r\n$1\r\nf\r\n$1\r\nv\r\n";
+    let auth = format!(
+        "*3\r\n$4\r\nAUTH\r\n${}\r\n{BASIN_A}\r\n${}\r\n{token}\r\n",
+        BASIN_A.len(),
+        token.len()
+    );
+    resp.write_all(auth.as_bytes()).await.unwrap();
+    assert_eq!(read_line(&mut resp).await, "+OK\r\n");
+    resp.write_all(xadd.as_bytes()).await.unwrap();
+    assert!(
+        read_line(&mut resp).await.starts_with('$'),
+        "XADD works before revocation"
+    );
+    read_line(&mut resp).await;
+
+    let revoked = bearer(
+        anonymous().delete(format!("{endpoint}/v1/access-tokens/live")),
+        ROOT_TOKEN,
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(revoked.status(), 204);
+
+    // The RESP connection is no longer authenticated, and stays open for a new AUTH.
+    resp.write_all(xadd.as_bytes()).await.unwrap();
+    let refused = read_line(&mut resp).await;
+    assert!(
+        refused.starts_with("-NOAUTH") && refused.contains("revoked"),
+        "{refused}"
+    );
+    resp.write_all(auth.as_bytes()).await.unwrap();
+    let again = read_line(&mut resp).await;
+    assert!(again.starts_with("-WRONGPASS"), "{again}");
+
+    // The SSE session ends with an authn error instead of delivering the next record.
+    assert_eq!(append_as_root("after").await.unwrap().status(), 200);
+    read_until!("event: error");
+    assert!(seen.contains("authn"), "{seen}");
+    assert!(!seen.contains("after"), "{seen}");
 }

@@ -11,7 +11,7 @@ use time::OffsetDateTime;
 
 pub use principal::{Principal, Target};
 pub use registry::{TokenRegistry, CACHE_TTL};
-pub use scope::{within, Level, OpGroups, Operation, ReadWrite, ResourceSet, Scope};
+pub use scope::{Level, OpGroups, Operation, ReadWrite, ResourceSet, Scope};
 
 use crate::error::{Error, Result};
 
@@ -99,6 +99,12 @@ pub fn check_issue(issuer: &Principal, new: &mut AccessTokenInfo) -> Result<()> 
             "an access token id must be between 1 and {MAX_TOKEN_ID_BYTES} bytes long"
         )));
     }
+    // Ids travel in URL paths (revoke): ones a client would normalise away are refused.
+    if new.id == "." || new.id == ".." || new.id.contains('\0') {
+        return Err(Error::invalid(
+            "an access token id cannot be `.` or `..` or contain NUL",
+        ));
+    }
     issuer.check(Operation::IssueAccessToken, Target::AccessToken(&new.id))?;
     if new.auto_prefix_streams && !matches!(new.scope.streams, Some(ResourceSet::Prefix(_))) {
         return Err(Error::invalid(
@@ -177,6 +183,12 @@ mod tests {
         assert!(denied(check_issue(&issuer, &mut later)));
         // Malformed requests.
         assert!(invalid(check_issue(&issuer, &mut info("", read_only()))));
+        for bad in ["..", ".", "svc\0x"] {
+            assert!(
+                invalid(check_issue(&issuer, &mut info(bad, read_only()))),
+                "{bad:?}"
+            );
+        }
         assert!(invalid(check_issue(
             &issuer,
             &mut info(&"x".repeat(97), read_only())

@@ -75,12 +75,6 @@ impl Principal {
                 "the access token has expired".into(),
             ));
         }
-        if !self.scope.allows(op) {
-            return Err(Error::PermissionDenied(format!(
-                "the access token does not grant the `{}` operation",
-                op.name()
-            )));
-        }
         let outside = |what: &str, name: &str| {
             Err(Error::PermissionDenied(format!(
                 "{what} `{name}` is outside the access token's scope"
@@ -101,7 +95,16 @@ impl Principal {
                 outside("access token", id)
             }
             _ => Ok(()),
+        }?;
+        // The operation last, so that for a resource outside the scope the answer is the
+        // same whether or not it exists.
+        if !self.scope.allows(op) {
+            return Err(Error::PermissionDenied(format!(
+                "the access token does not grant the `{}` operation",
+                op.name()
+            )));
         }
+        Ok(())
     }
 
     /// Whether a basin, stream or token of that name is visible in listings.

@@ -17,7 +17,7 @@ use crate::storage::metadata::{ListPage, ListRange, MetadataStore};
 /// longest a revocation on another node takes to apply here.
 pub const CACHE_TTL: Duration = Duration::from_secs(5);
 
-/// Cached verifications; bounded so that a flood of distinct bad tokens cannot grow it.
+/// Cached verifications (only of valid tokens), bounded in memory.
 const CACHE_CAPACITY: usize = 10_000;
 
 /// Secret digest → the principal and when it was verified.
@@ -37,23 +37,29 @@ impl TokenRegistry {
     }
 
     /// The principal a bearer secret stands for: `authn` when the secret is unknown,
-    /// revoked or expired.
-    pub async fn authenticate(&self, bearer: &str) -> Result<Arc<Principal>> {
+    /// revoked or expired. Also returns the secret's digest, which `verified` takes.
+    pub async fn authenticate(&self, bearer: &str) -> Result<(Arc<Principal>, [u8; 32])> {
         let digest = secret::digest(bearer);
-        let cached = self.cache.lock().unwrap().get(&digest).cloned();
+        Ok((self.verified(&digest).await?, digest))
+    }
+
+    /// The principal of the token whose secret has `digest`, if it is still valid: from
+    /// the cache within `CACHE_TTL`, otherwise from the metadata store. Long-lived
+    /// sessions call this as they go, so a revocation reaches them too.
+    pub async fn verified(&self, digest: &[u8; 32]) -> Result<Arc<Principal>> {
+        let cached = self.cache.lock().unwrap().get(digest).cloned();
         let principal = match cached {
             Some((principal, at)) if at.elapsed() < CACHE_TTL => principal,
             _ => {
-                let found = self.metadata.access_token_by_digest(&digest).await?;
-                let Some((info, stored)) =
-                    found.filter(|(_, stored)| secret::verify(bearer, stored))
-                else {
-                    self.cache.lock().unwrap().remove(&digest);
+                let found = self.metadata.access_token_by_digest(digest).await?;
+                let Some((info, _)) = found.filter(|(_, stored)| {
+                    subtle::ConstantTimeEq::ct_eq(&stored[..], &digest[..]).into()
+                }) else {
+                    self.cache.lock().unwrap().remove(digest);
                     return Err(Error::Unauthenticated(
                         "the access token is not valid (unknown or revoked)".into(),
                     ));
                 };
-                debug_assert_eq!(stored, digest);
                 let principal = Arc::new(Principal::new(&info));
                 let mut cache = self.cache.lock().unwrap();
                 if cache.len() >= CACHE_CAPACITY {
@@ -62,7 +68,7 @@ impl TokenRegistry {
                         cache.clear();
                     }
                 }
-                cache.insert(digest, (principal.clone(), Instant::now()));
+                cache.insert(*digest, (principal.clone(), Instant::now()));
                 principal
             }
         };
@@ -76,7 +82,11 @@ impl TokenRegistry {
 
     /// Issues `info` on behalf of `issuer`; returns the secret, the only time it exists
     /// outside the client.
-    pub async fn issue(&self, issuer: &Principal, mut info: AccessTokenInfo) -> Result<String> {
+    pub(crate) async fn issue(
+        &self,
+        issuer: &Principal,
+        mut info: AccessTokenInfo,
+    ) -> Result<String> {
         super::check_issue(issuer, &mut info)?;
         let secret = secret::generate();
         self.metadata
@@ -85,11 +95,11 @@ impl TokenRegistry {
         Ok(secret)
     }
 
-    pub async fn list(&self, range: &ListRange) -> Result<ListPage<AccessTokenInfo>> {
+    pub(crate) async fn list(&self, range: &ListRange) -> Result<ListPage<AccessTokenInfo>> {
         self.metadata.list_access_tokens(range).await
     }
 
-    pub async fn revoke(&self, id: &str) -> Result<()> {
+    pub(crate) async fn revoke(&self, id: &str) -> Result<()> {
         if !self.metadata.delete_access_token(id).await? {
             return Err(Error::AccessTokenNotFound(id.to_owned()));
         }
@@ -101,38 +111,39 @@ impl TokenRegistry {
         Ok(())
     }
 
-    /// Makes sure the root token (full access, no expiry) exists. With `secret`, its
-    /// secret becomes that (replacing any other); without, a new one is generated only
-    /// if there is no root token yet. Returns the secret when it was generated here.
-    pub async fn ensure_root(&self, secret: Option<&str>) -> Result<Option<String>> {
+    /// Whether the root token (full access, no expiry) exists.
+    pub async fn has_root(&self) -> Result<bool> {
+        let page = self
+            .metadata
+            .list_access_tokens(&ListRange {
+                prefix: ROOT_TOKEN_ID.into(),
+                start_after: String::new(),
+                limit: 1,
+            })
+            .await?;
+        Ok(page.items.first().is_some_and(|t| t.id == ROOT_TOKEN_ID))
+    }
+
+    /// Makes `secret` the root token's, creating the root token if needed (or, with
+    /// `only_if_absent`, only creating it: `AlreadyExists` if there is one).
+    pub async fn set_root(&self, secret: &str, only_if_absent: bool) -> Result<()> {
+        if secret.len() < secret::MIN_SECRET_LEN {
+            return Err(Error::invalid(format!(
+                "the root token must be at least {} characters long",
+                secret::MIN_SECRET_LEN
+            )));
+        }
         let root = AccessTokenInfo {
             id: ROOT_TOKEN_ID.into(),
             expires_at: None,
             auto_prefix_streams: false,
             scope: Scope::everything(),
         };
-        if let Some(secret) = secret {
-            if secret.len() < secret::MIN_SECRET_LEN {
-                return Err(Error::invalid(format!(
-                    "the root token must be at least {} characters long",
-                    secret::MIN_SECRET_LEN
-                )));
-            }
-            self.metadata
-                .put_access_token(&root, &secret::digest(secret), true)
-                .await?;
-            self.cache.lock().unwrap().clear();
-            return Ok(None);
-        }
-        let generated = secret::generate();
-        match self
-            .metadata
-            .put_access_token(&root, &secret::digest(&generated), false)
-            .await
-        {
-            Ok(()) => Ok(Some(generated)),
-            Err(Error::AlreadyExists(_)) => Ok(None),
-            Err(err) => Err(err),
-        }
+        self.metadata
+            .put_access_token(&root, &secret::digest(secret), !only_if_absent)
+            .await?;
+        // An earlier root secret stops working here at once.
+        self.cache.lock().unwrap().clear();
+        Ok(())
     }
 }

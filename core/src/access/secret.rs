@@ -30,7 +30,7 @@ pub fn digest(secret: &str) -> [u8; 32] {
 /// Whether `secret` is the one `stored` is the digest of, in time independent of
 /// where they differ.
 pub fn verify(secret: &str, stored: &[u8]) -> bool {
-    digest(secret).ct_eq(stored).into()
+    digest(secret)[..].ct_eq(stored).into()
 }
 
 #[cfg(test)]

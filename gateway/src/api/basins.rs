@@ -7,7 +7,7 @@ use axum::Json;
 use serde::Deserialize;
 use streamgate_core::config::{BasinConfig, BasinReconfiguration};
 use streamgate_core::names::BasinName;
-use streamgate_core::Engine;
+use streamgate_core::Caller;
 
 use super::error::{ApiError, ApiResult};
 use super::extract::{json_body, request_token, ApiQuery, Authenticated, BasinPath};
@@ -31,12 +31,12 @@ struct EnsureBasinRequest {
     location: Option<String>,
 }
 
-fn check_location(engine: &Engine, location: &Option<String>) -> ApiResult<()> {
+fn check_location(caller: &Caller, location: &Option<String>) -> ApiResult<()> {
     match location {
-        Some(location) if *location != engine.settings().location => {
+        Some(location) if *location != caller.settings().location => {
             Err(ApiError::invalid(format!(
                 "unknown location `{location}`; this server offers `{}`",
-                engine.settings().location
+                caller.settings().location
             )))
         }
         _ => Ok(()),
@@ -44,7 +44,7 @@ fn check_location(engine: &Engine, location: &Option<String>) -> ApiResult<()> {
 }
 
 pub async fn create(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -52,49 +52,49 @@ pub async fn create(
         .ok_or_else(|| ApiError::bad_json("a request body is required"))?;
     let token = request_token(&headers)?;
     let name = BasinName::new(request.basin).map_err(ApiError::bad_json)?;
-    check_location(engine.engine(), &request.location)?;
-    let basin = engine
+    check_location(&caller, &request.location)?;
+    let basin = caller
         .create_basin(name, request.config.unwrap_or_default(), token.as_deref())
         .await?;
     Ok((StatusCode::CREATED, Json(BasinInfo::from(&basin))).into_response())
 }
 
 pub async fn ensure(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     BasinPath(name): BasinPath,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: EnsureBasinRequest = json_body(&headers, &body)?.unwrap_or_default();
-    check_location(engine.engine(), &request.location)?;
-    let (basin, result) = engine
+    check_location(&caller, &request.location)?;
+    let (basin, result) = caller
         .ensure_basin(name, request.config.unwrap_or_default())
         .await?;
     Ok(provisioned(result, BasinInfo::from(&basin)))
 }
 
 pub async fn get_config(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     BasinPath(name): BasinPath,
 ) -> ApiResult<Json<BasinConfig>> {
-    Ok(Json(engine.basin(&name).await?.config))
+    Ok(Json(caller.basin(&name).await?.config))
 }
 
 pub async fn reconfigure(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     BasinPath(name): BasinPath,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<BasinConfig>> {
     let change: BasinReconfiguration = json_body(&headers, &body)?.unwrap_or_default();
-    Ok(Json(engine.reconfigure_basin(&name, &change).await?))
+    Ok(Json(caller.reconfigure_basin(&name, &change).await?))
 }
 
 pub async fn list(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let page = engine
+    let page = caller
         .list_basins(&query.range(BasinName::MAX_LEN)?)
         .await?;
     let basins: Vec<BasinInfo> = page.items.iter().map(BasinInfo::from).collect();
@@ -104,9 +104,9 @@ pub async fn list(
 }
 
 pub async fn delete(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     BasinPath(name): BasinPath,
 ) -> ApiResult<StatusCode> {
-    engine.delete_basin(&name).await?;
+    caller.delete_basin(&name).await?;
     Ok(StatusCode::ACCEPTED)
 }

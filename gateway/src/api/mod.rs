@@ -79,8 +79,7 @@ async fn not_implemented_metrics() -> ApiError {
     ApiError::not_implemented("the metrics API")
 }
 
-fn location_info(engine: &Engine) -> serde_json::Value {
-    let settings = engine.settings();
+fn location_info(settings: &streamgate_core::EngineSettings) -> serde_json::Value {
     serde_json::json!({
         "name": settings.location,
         "is_private": true,
@@ -92,11 +91,11 @@ fn location_info(engine: &Engine) -> serde_json::Value {
 // Locations need a valid token, but no particular operation: they only describe
 // this server.
 async fn locations(extract::Authenticated(caller): extract::Authenticated) -> Response {
-    Json(serde_json::json!([location_info(caller.engine())])).into_response()
+    Json(serde_json::json!([location_info(caller.settings())])).into_response()
 }
 
 async fn default_location(extract::Authenticated(caller): extract::Authenticated) -> Response {
-    Json(location_info(caller.engine())).into_response()
+    Json(location_info(caller.settings())).into_response()
 }
 
 async fn set_default_location(
@@ -106,14 +105,14 @@ async fn set_default_location(
 ) -> ApiResult<Response> {
     let requested: String = extract::json_body(&headers, &body)?
         .ok_or_else(|| ApiError::bad_json("expected the location name as a JSON string"))?;
-    let engine = caller.engine();
-    if requested != engine.settings().location {
+    let settings = caller.settings();
+    if requested != settings.location {
         return Err(ApiError::invalid(format!(
             "unknown location `{requested}`; this server offers `{}`",
-            engine.settings().location
+            settings.location
         )));
     }
-    Ok(Json(location_info(engine)).into_response())
+    Ok(Json(location_info(settings)).into_response())
 }
 
 /// `prefix`, `start_after` and `limit` of the list endpoints. A `limit` of 0 or over

@@ -57,7 +57,7 @@ fn protobuf_response(message: impl Message) -> Response {
 }
 
 pub async fn append(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     Extension(drain): Extension<Drain>,
     Basin(basin): Basin,
     StreamPath(stream): StreamPath,
@@ -67,11 +67,11 @@ pub async fn append(
     let create_config = stream_config_header(&headers)?;
     if first_media_type_is(&headers, header::CONTENT_TYPE, "s2s/proto") {
         // A missing stream (or basin) is a plain 404 before the session starts.
-        engine
+        caller
             .open_for_append(&basin, &stream, create_config.as_ref())
             .await?;
         let session = AppendSession {
-            engine,
+            caller,
             basin,
             stream,
             create_config,
@@ -97,7 +97,7 @@ pub async fn append(
             .ok_or_else(|| ApiError::bad_json("a request body is required"))?;
         input.into_core(format)?
     };
-    let ack = engine
+    let ack = caller
         .append(&basin, &stream, input, create_config.as_ref())
         .await?;
     Ok(if wants_protobuf(&headers) {
@@ -152,7 +152,7 @@ impl ReadQuery {
 }
 
 pub async fn read(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     Extension(drain): Extension<Drain>,
     Basin(basin): Basin,
     StreamPath(stream): StreamPath,
@@ -165,7 +165,7 @@ pub async fn read(
         || first_media_type_is(&headers, header::CONTENT_TYPE, "s2s/proto");
     let sse = first_media_type_is(&headers, header::ACCEPT, "text/event-stream");
     if !s2s && !sse {
-        let batch = engine
+        let batch = caller
             .read(&basin, &stream, query.request()?, create_config.as_ref())
             .await?;
         return Ok(if wants_protobuf(&headers) {
@@ -194,7 +194,7 @@ pub async fn read(
         bounds.bytes = bounds.bytes.map(|b| b.saturating_sub(resume.bytes));
     }
     request.validate()?;
-    let reader = engine
+    let reader = caller
         .open_reader(
             &basin,
             &stream,
@@ -214,25 +214,25 @@ pub async fn read(
         let encoder = S2sEncoder {
             compression: Compression::negotiate(&headers),
         };
-        sessions::read::respond(reader, bounds, encoder, drain)
+        sessions::read::respond(caller, reader, bounds, encoder, drain)
     } else {
         let encoder = SseEncoder {
             format,
             delivered_count: resume.map_or(0, |r| r.count),
             delivered_bytes: resume.map_or(0, |r| r.bytes),
         };
-        sessions::read::respond(reader, bounds, encoder, drain)
+        sessions::read::respond(caller, reader, bounds, encoder, drain)
     })
 }
 
 pub async fn check_tail(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     Basin(basin): Basin,
     StreamPath(stream): StreamPath,
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
     let create_config = stream_config_header(&headers)?;
-    let tail = engine
+    let tail = caller
         .check_tail(&basin, &stream, create_config.as_ref())
         .await?;
     Ok(Json(json::tail(tail)))

@@ -21,7 +21,7 @@ struct CreateStreamRequest {
 }
 
 pub async fn create(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     Basin(basin): Basin,
     headers: HeaderMap,
     body: Bytes,
@@ -30,7 +30,7 @@ pub async fn create(
         .ok_or_else(|| ApiError::bad_json("a request body is required"))?;
     let token = request_token(&headers)?;
     let name = StreamName::new(request.stream).map_err(ApiError::bad_json)?;
-    let stream = engine
+    let stream = caller
         .create_stream(
             &basin,
             name,
@@ -42,27 +42,27 @@ pub async fn create(
 }
 
 pub async fn ensure(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     Basin(basin): Basin,
     StreamPath(name): StreamPath,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
     let config: StreamConfig = json_body(&headers, &body)?.unwrap_or_default();
-    let (stream, result) = engine.ensure_stream(&basin, name, config).await?;
+    let (stream, result) = caller.ensure_stream(&basin, name, config).await?;
     Ok(provisioned(result, StreamInfo::from(&stream)))
 }
 
 pub async fn get_config(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     Basin(basin): Basin,
     StreamPath(name): StreamPath,
 ) -> ApiResult<Json<StreamConfig>> {
-    Ok(Json(engine.stream_config(&basin, &name).await?))
+    Ok(Json(caller.stream_config(&basin, &name).await?))
 }
 
 pub async fn reconfigure(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     Basin(basin): Basin,
     StreamPath(name): StreamPath,
     headers: HeaderMap,
@@ -70,16 +70,16 @@ pub async fn reconfigure(
 ) -> ApiResult<Json<StreamConfig>> {
     let change: StreamReconfiguration = json_body(&headers, &body)?.unwrap_or_default();
     Ok(Json(
-        engine.reconfigure_stream(&basin, &name, &change).await?,
+        caller.reconfigure_stream(&basin, &name, &change).await?,
     ))
 }
 
 pub async fn list(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     Basin(basin): Basin,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let page = engine
+    let page = caller
         .list_streams(&basin, &query.range(StreamName::MAX_LEN)?)
         .await?;
     let streams: Vec<StreamInfo> = page.items.iter().map(StreamInfo::from).collect();
@@ -89,10 +89,10 @@ pub async fn list(
 }
 
 pub async fn delete(
-    Authenticated(engine): Authenticated,
+    Authenticated(caller): Authenticated,
     Basin(basin): Basin,
     StreamPath(name): StreamPath,
 ) -> ApiResult<StatusCode> {
-    engine.delete_stream(&basin, &name).await?;
+    caller.delete_stream(&basin, &name).await?;
     Ok(StatusCode::ACCEPTED)
 }

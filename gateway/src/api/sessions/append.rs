@@ -27,7 +27,7 @@ use crate::api::proto;
 const MAX_IN_FLIGHT: usize = 512;
 
 pub struct AppendSession {
-    pub engine: Caller,
+    pub caller: Caller,
     pub basin: BasinName,
     pub stream: StreamName,
     pub create_config: Option<StreamConfig>,
@@ -157,8 +157,10 @@ impl AppendSession {
     async fn submit(&mut self, message: Bytes) -> Result<streamgate_core::PendingAck, ApiError> {
         let input = proto::AppendInput::decode(message)
             .map_err(|e| ApiError::bad_proto(format!("invalid AppendInput: {e}")))?;
+        // A token revoked or expired while the session is open stops it here.
+        self.caller.still_valid().await?;
         Ok(self
-            .engine
+            .caller
             .submit_append(
                 &self.basin,
                 &self.stream,

@@ -11,6 +11,7 @@ use axum::response::Response;
 use rand::Rng;
 use streamgate_core::read::{ReadBatch, ReadLimits, StreamReader};
 use streamgate_core::record::{StreamPosition, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS};
+use streamgate_core::Caller;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -168,13 +169,14 @@ impl ResumeFrom {
 
 /// Starts the session loop and returns the streaming response.
 pub fn respond<E: SessionEncoder>(
+    caller: Caller,
     reader: StreamReader,
     bounds: SessionBounds,
     encoder: E,
     drain: Drain,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(16);
-    tokio::spawn(run(reader, bounds, encoder, drain, tx));
+    tokio::spawn(run(caller, reader, bounds, encoder, drain, tx));
     streaming_response(E::CONTENT_TYPE, rx)
 }
 
@@ -183,6 +185,7 @@ fn heartbeat_delay() -> Duration {
 }
 
 async fn run<E: SessionEncoder>(
+    caller: Caller,
     mut reader: StreamReader,
     bounds: SessionBounds,
     mut encoder: E,
@@ -196,6 +199,12 @@ async fn run<E: SessionEncoder>(
     loop {
         if remaining_count == Some(0) || remaining_bytes == Some(0) {
             break;
+        }
+        // Checked before every batch and after every heartbeat: a token revoked or
+        // expired while the session is open ends it.
+        if let Err(err) = caller.still_valid().await {
+            let _ = out.send(encoder.error(&ApiError::from(err))).await;
+            return;
         }
         let limits = ReadLimits {
             count: Some(
