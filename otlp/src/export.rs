@@ -144,18 +144,23 @@ pub(crate) async fn store(
                 Err(e @ Error::Unauthenticated(_)) => {
                     return Err(ExportError::Unauthenticated(e.to_string()))
                 }
-                // Nothing of this stream's was stored (the stream is missing and the basin
-                // does not create streams on append, or it is being deleted): the
-                // exporter learns which data was turned away and why.
-                Err(e) if index == 0 => {
+                // A lasting refusal (the stream is missing and the basin does not create
+                // streams on append, is being deleted, is outside the token's scope): the
+                // exporter learns which data was turned away and why, and does not retry
+                // it. Transient failures above are 503s, which exporters retry.
+                Err(e) => {
                     if matches!(e, Error::PermissionDenied(_)) {
                         outcome.denied_groups += stream.groups;
                     }
-                    outcome.reject(stream.groups, stream.items, e.to_string());
+                    let message = if index == 0 {
+                        e.to_string()
+                    } else {
+                        format!("{e} (after {index} of its appends were stored)")
+                    };
+                    outcome.reject(stream.groups, stream.items, message);
                     stored = false;
                     break;
                 }
-                Err(e) => return Err(ExportError::Unavailable(e.to_string())),
             }
         }
         if stored {

@@ -166,20 +166,11 @@ async fn export(engine: Engine, signal: Signal, request: Request) -> Response {
 
 /// The basin: the `s2-basin` header, or a `{basin}.b.…` host, as for the REST API.
 fn basin(headers: &HeaderMap, uri_host: Option<&str>) -> Result<BasinName, String> {
-    if let Some(value) = headers.get("s2-basin") {
-        let name = value
-            .to_str()
-            .map_err(|_| "`s2-basin` is not valid text".to_string())?;
-        return BasinName::new(name.trim()).map_err(|e| format!("`s2-basin`: {e}"));
-    }
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or(uri_host);
-    match host.and_then(BasinName::from_host) {
-        Some(basin) => basin.map_err(|e| format!("basin in host name: {e}")),
-        None => Err("missing header `s2-basin`: name the basin in it (the Collector's `headers` setting), or address the server as `{basin}.b.<host>`".into()),
-    }
+    BasinName::of_request(headers.get("s2-basin").map(|v| v.as_bytes()), host)
 }
 
 /// `Export*ServiceResponse`: field 1 is `partial_success`, whose field 1 is the

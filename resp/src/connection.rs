@@ -26,6 +26,8 @@ use crate::RespSettings;
 const MAX_COMMAND_BYTES: usize = 2 * 1024 * 1024;
 /// A command must arrive in full within this long.
 const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
+/// A connection must authenticate within this long of being accepted (as on S2).
+const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Replies still to be written, in request order; each item is the replies of one or
 /// more commands, and whether the connection must close after them.
@@ -45,6 +47,8 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     let mut pending: Pending = FuturesOrdered::new();
     let mut batch: Option<XaddBatch> = None;
     let mut partial_since: Option<tokio::time::Instant> = None;
+    let auth_deadline = tokio::time::Instant::now() + AUTH_TIMEOUT;
+    let mut ever_authenticated = false;
 
     loop {
         // Run every complete command in the buffer.
@@ -123,6 +127,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
             output.clear();
         }
 
+        ever_authenticated |= session.authenticated();
         partial_since = match (input.is_empty(), partial_since) {
             (true, _) => None,
             (false, None) => Some(tokio::time::Instant::now()),
@@ -147,6 +152,11 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                     let _ = stream.write_all(&output).await;
                     return Ok(());
                 }
+            }
+            _ = tokio::time::sleep_until(auth_deadline), if !ever_authenticated => {
+                Reply::error("ERR not authenticated within 30 seconds of connecting; AUTH <basin> <token> first").encode(session.resp3, &mut output);
+                stream.write_all(&output).await?;
+                return Ok(());
             }
             _ = sleep_until(arrival_deadline) => {
                 Reply::error("ERR the command did not arrive in full within 30 seconds").encode(session.resp3, &mut output);

@@ -767,3 +767,23 @@ async fn revocation_reaches_open_sessions_and_connections() {
     assert!(seen.contains("authn"), "{seen}");
     assert!(!seen.contains("after"), "{seen}");
 }
+
+#[tokio::test]
+async fn redis_connections_must_authenticate_within_30_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let started = std::time::Instant::now();
+    let mut idle = tokio::net::TcpStream::connect(("127.0.0.1", server.resp_port))
+        .await
+        .unwrap();
+    let line = tokio::time::timeout(Duration::from_secs(40), read_line(&mut idle))
+        .await
+        .expect("the server gives up on the connection");
+    assert!(
+        line.starts_with("-ERR not authenticated within 30 seconds"),
+        "{line}"
+    );
+    assert!(started.elapsed() >= Duration::from_secs(29));
+    let mut rest = [0u8; 1];
+    assert_eq!(idle.read(&mut rest).await.unwrap(), 0, "and closes it");
+}

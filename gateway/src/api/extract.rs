@@ -19,27 +19,15 @@ impl<S: Send + Sync> FromRequestParts<S> for Basin {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        if let Some(value) = parts.headers.get("s2-basin") {
-            let name = value
-                .to_str()
-                .map_err(|_| ApiError::bad_header("`s2-basin` is not valid text"))?;
-            return BasinName::new(name.trim())
-                .map(Basin)
-                .map_err(|e| ApiError::bad_header(format!("`s2-basin`: {e}")));
-        }
         let host = parts
             .headers
             .get(axum::http::header::HOST)
             .and_then(|h| h.to_str().ok())
             .or_else(|| parts.uri.host());
-        if let Some(basin) = host.and_then(BasinName::from_host) {
-            return basin
-                .map(Basin)
-                .map_err(|e| ApiError::bad_header(format!("basin in host name: {e}")));
-        }
-        Err(ApiError::bad_header(
-            "missing header `s2-basin`: name the basin in it, or address the server as `{basin}.b.<host>`",
-        ))
+        let header = parts.headers.get("s2-basin").map(|v| v.as_bytes());
+        BasinName::of_request(header, host)
+            .map(Basin)
+            .map_err(ApiError::bad_header)
     }
 }
 
