@@ -4,7 +4,8 @@
 # driven by the official clients: the s2 CLI, the Python SDK, redis-py, the OpenTelemetry
 # Python exporters and a Collector build from PyPI (pytest), and the TypeScript SDK,
 # node-redis, ioredis and the OpenTelemetry Node.js exporters (node --test). Needs a Rust
-# toolchain, python3 with venv,
+# toolchain, PostgreSQL (STREAMGATE_TEST_POSTGRES, default postgres://postgres@127.0.0.1:5432,
+# with psql), python3 with venv,
 # Node.js with npm, redis-cli and redis-server (a Redis on 127.0.0.1:6379 is used if one
 # runs; otherwise the comparison test starts its own).
 # Installs the s2 CLI into ~/.cargo/bin and the Python SDK into .venv-compat on first
@@ -12,12 +13,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+echo "==> PostgreSQL"
+# The metadata-store conformance suite, the engine suite and the black-box suites also
+# run against PostgreSQL, each test server in a database of its own that streamgate
+# creates. Databases left by an earlier run are dropped first.
+export STREAMGATE_TEST_POSTGRES="${STREAMGATE_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}"
+if ! psql "$STREAMGATE_TEST_POSTGRES/postgres" -qAtc 'select 1' >/dev/null; then
+  echo "PostgreSQL does not answer at $STREAMGATE_TEST_POSTGRES: start it, or set STREAMGATE_TEST_POSTGRES (.ci/run installs one)" >&2
+  exit 1
+fi
+psql "$STREAMGATE_TEST_POSTGRES/postgres" -qAtc \
+  "select datname from pg_database where datname like 'streamgate\_test\_%'" |
+  while read -r stale; do psql "$STREAMGATE_TEST_POSTGRES/postgres" -qc "drop database \"$stale\""; done
+
 echo "==> building streamgate"
 cargo build --locked --bin streamgate
 export STREAMGATE_BIN="$PWD/target/debug/streamgate"
 
 echo "==> Rust test suites"
 cargo test --locked --workspace
+
+echo "==> engine and black-box suites again, on PostgreSQL"
+STREAMGATE_TEST_METADATA=postgres cargo test --locked -p streamgate-core --test engine
+STREAMGATE_TEST_METADATA=postgres cargo test --locked -p streamgate-tests
 
 echo "==> the official s2 CLI"
 # Built once (about 12 minutes on two cores) into ~/.cargo/bin and reused afterwards.

@@ -11,7 +11,7 @@ use streamgate_core::names::{BasinName, StreamName};
 use streamgate_core::read::{ReadLimits, ReadRequest, ReadStart};
 use streamgate_core::record::{AppendInput, AppendRecord, Header};
 use streamgate_core::storage::local_dir::LocalDirObjectStore;
-use streamgate_core::storage::sqlite::SqliteMetadataStore;
+use streamgate_core::storage::sql::SqlMetadataStore;
 use streamgate_core::{Caller, Engine, EngineSettings, Error};
 
 /// An engine, used with full access (the root principal): authorization has its own
@@ -32,10 +32,38 @@ async fn open(dir: &Path) -> TestEngine {
     open_with(dir, EngineSettings::default()).await
 }
 
+/// The metadata store of a test's data directory: SQLite inside it, or, with
+/// `STREAMGATE_TEST_METADATA=postgres`, a PostgreSQL database of its own on the server
+/// `STREAMGATE_TEST_POSTGRES` names (the same database each time the test reopens it).
+async fn metadata_store(dir: &Path) -> SqlMetadataStore {
+    match std::env::var("STREAMGATE_TEST_METADATA").as_deref() {
+        Ok("postgres") => {
+            let server = std::env::var("STREAMGATE_TEST_POSTGRES")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+            let tag: String = dir
+                .to_string_lossy()
+                .chars()
+                .filter(char::is_ascii_alphanumeric)
+                .collect::<String>()
+                .to_ascii_lowercase();
+            let name = format!(
+                "streamgate_test_{}_{}",
+                std::process::id(),
+                &tag[tag.len().saturating_sub(16)..]
+            );
+            SqlMetadataStore::connect_postgres(&format!("{server}/{name}"))
+                .await
+                .unwrap()
+        }
+        Ok("sqlite") | Err(_) => SqlMetadataStore::open_sqlite(&dir.join("metadata.db"))
+            .await
+            .unwrap(),
+        Ok(other) => panic!("STREAMGATE_TEST_METADATA={other}: use sqlite or postgres"),
+    }
+}
+
 async fn open_with(dir: &Path, settings: EngineSettings) -> TestEngine {
-    let metadata = SqliteMetadataStore::open(&dir.join("metadata.db"))
-        .await
-        .unwrap();
+    let metadata = metadata_store(dir).await;
     let objects = LocalDirObjectStore::open(dir.join("objects")).unwrap();
     let settings = EngineSettings {
         reap_interval: Duration::from_millis(200),

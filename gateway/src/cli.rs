@@ -37,8 +37,9 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_DATA_DIR", default_value = "./streamgate-data")]
     pub data_dir: PathBuf,
 
-    /// Metadata store: `sqlite://PATH` (or a plain path). Default: `metadata.db` in the
-    /// data directory.
+    /// Metadata store: `sqlite://PATH` (or a plain path), or
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` (created if missing; shared by
+    /// every node). Default: `metadata.db` in the data directory.
     #[arg(long, env = "STREAMGATE_METADATA")]
     pub metadata: Option<String>,
 
@@ -92,20 +93,30 @@ pub struct Args {
 /// Where a store URL points, for the backends this build offers.
 pub enum StoreLocation {
     Path(PathBuf),
+    /// A server URL, passed on as given (`postgres://…`).
+    Server(String),
 }
 
-/// Parses `--metadata` / `--objects`: a path or a URL with the given local scheme.
+/// Parses `--metadata` / `--objects`: a path, a URL with the given local scheme, or a
+/// URL with one of the server schemes.
 pub fn parse_store_url(
     flag: &str,
     value: &str,
     local_scheme: &str,
+    server_schemes: &[&str],
 ) -> anyhow::Result<StoreLocation> {
     if let Some(path) = value.strip_prefix(&format!("{local_scheme}://")) {
         return Ok(StoreLocation::Path(PathBuf::from(path)));
     }
     if let Some((scheme, _)) = value.split_once("://") {
+        if server_schemes.contains(&scheme) {
+            return Ok(StoreLocation::Server(value.to_owned()));
+        }
+        let mut offered = vec![format!("`{local_scheme}://PATH`")];
+        offered.extend(server_schemes.iter().map(|s| format!("`{s}://…`")));
         anyhow::bail!(
-            "--{flag}: `{scheme}://` is not supported by this build; use `{local_scheme}://PATH` or a plain path"
+            "--{flag}: `{scheme}://` is not supported; use {} or a plain path",
+            offered.join(", ")
         );
     }
     Ok(StoreLocation::Path(PathBuf::from(value)))

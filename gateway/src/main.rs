@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use streamgate_core::storage::local_dir::LocalDirObjectStore;
-use streamgate_core::storage::sqlite::SqliteMetadataStore;
+use streamgate_core::storage::sql::SqlMetadataStore;
 use streamgate_core::{Engine, EngineSettings, FlushSettings};
 use tracing_subscriber::EnvFilter;
 
@@ -38,17 +38,31 @@ async fn run(args: Args) -> anyhow::Result<()> {
         )
     })?;
     let _lock = lock_data_dir(&args.data_dir)?;
-    let StoreLocation::Path(metadata_path) = match &args.metadata {
-        Some(url) => parse_store_url("metadata", url, "sqlite")?,
+    let metadata_location = match &args.metadata {
+        Some(url) => parse_store_url("metadata", url, "sqlite", &["postgres", "postgresql"])?,
         None => StoreLocation::Path(args.data_dir.join("metadata.db")),
     };
-    let StoreLocation::Path(objects_path) = match &args.objects {
-        Some(url) => parse_store_url("objects", url, "file")?,
-        None => StoreLocation::Path(args.data_dir.join("objects")),
+    let objects_path = match &args.objects {
+        Some(url) => match parse_store_url("objects", url, "file", &[])? {
+            StoreLocation::Path(path) => path,
+            StoreLocation::Server(_) => unreachable!("no server scheme is offered for --objects"),
+        },
+        None => args.data_dir.join("objects"),
     };
-    let metadata = SqliteMetadataStore::open(&metadata_path)
-        .await
-        .with_context(|| format!("opening the metadata store {}", metadata_path.display()))?;
+    let (metadata, metadata_description) = match &metadata_location {
+        StoreLocation::Path(path) => (
+            SqlMetadataStore::open_sqlite(path)
+                .await
+                .with_context(|| format!("opening the metadata store {}", path.display()))?,
+            format!("SQLite {}", path.display()),
+        ),
+        StoreLocation::Server(url) => (
+            SqlMetadataStore::connect_postgres(url)
+                .await
+                .context("opening the PostgreSQL metadata store")?,
+            format!("PostgreSQL {}", redact_password(url)),
+        ),
+    };
     let objects = LocalDirObjectStore::open(&objects_path)
         .with_context(|| format!("opening the record store {}", objects_path.display()))?;
     let settings = EngineSettings {
@@ -109,7 +123,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         addr,
         resp_addr,
         tls.is_some(),
-        &metadata_path,
+        &metadata_description,
         &engine,
         &root_token,
     );
@@ -146,7 +160,7 @@ fn print_banner(
     addr: std::net::SocketAddr,
     resp: Option<std::net::SocketAddr>,
     tls: bool,
-    metadata: &std::path::Path,
+    metadata: &str,
     engine: &Engine,
     root_token: &str,
 ) {
@@ -173,7 +187,7 @@ fn print_banner(
         println!("  RESP:          {scheme}://{resp}   (Redis Streams; {how})");
     }
     println!("  data dir:      {}", args.data_dir.display());
-    println!("  metadata:      SQLite {}", metadata.display());
+    println!("  metadata:      {metadata}");
     println!("  records:       {}", engine.describe_storage());
     println!(
         "  WAL flush:     linger {} ms, chunks up to {} KiB, {} in flight; acks after fsync",
@@ -185,6 +199,20 @@ fn print_banner(
     println!("  export S2_ACCOUNT_ENDPOINT={endpoint}");
     println!("  export S2_BASIN_ENDPOINT={endpoint}");
     println!("  export S2_ACCESS_TOKEN={root_token}   # the root token: full access");
+}
+
+/// A URL with its password (if any) replaced by `***`, for printing.
+fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((credentials, host)) => match credentials.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
 }
 
 /// Makes sure the root token exists and returns what the banner shows for it: the

@@ -8,6 +8,35 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// `--metadata` for a test server: none (SQLite in the data directory), or, with
+/// `STREAMGATE_TEST_METADATA=postgres`, a PostgreSQL database of the server's own on
+/// `STREAMGATE_TEST_POSTGRES` (the same one across restarts of that server).
+fn metadata_args(data_dir: &Path, extra_args: &[String]) -> Vec<String> {
+    if extra_args.iter().any(|a| a == "--metadata") {
+        return Vec::new();
+    }
+    match std::env::var("STREAMGATE_TEST_METADATA").as_deref() {
+        Ok("postgres") => {
+            let server = std::env::var("STREAMGATE_TEST_POSTGRES")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+            let tag: String = data_dir
+                .to_string_lossy()
+                .chars()
+                .filter(char::is_ascii_alphanumeric)
+                .collect::<String>()
+                .to_ascii_lowercase();
+            let name = format!(
+                "streamgate_test_{}_{}",
+                std::process::id(),
+                &tag[tag.len().saturating_sub(16)..]
+            );
+            vec!["--metadata".into(), format!("{server}/{name}")]
+        }
+        Ok("sqlite") | Err(_) => Vec::new(),
+        Ok(other) => panic!("STREAMGATE_TEST_METADATA={other}: use sqlite or postgres"),
+    }
+}
+
 /// The root access token test servers are started with (`--root-token`).
 pub const ROOT_TOKEN: &str = "streamgate-test-root-token-0123456789";
 
@@ -135,6 +164,7 @@ impl Server {
         let mut child = Command::new(binary())
             .arg("--data-dir")
             .arg(&self.data_dir)
+            .args(metadata_args(&self.data_dir, &self.extra_args))
             .arg("--listen")
             .arg(&listen)
             .arg("--resp-listen")
