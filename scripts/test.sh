@@ -5,7 +5,7 @@
 # Python exporters and a Collector build from PyPI (pytest), and the TypeScript SDK,
 # node-redis, ioredis and the OpenTelemetry Node.js exporters (node --test). Needs a Rust
 # toolchain, PostgreSQL (STREAMGATE_TEST_POSTGRES, default postgres://postgres@127.0.0.1:5432,
-# with psql), python3 with venv,
+# with psql), python3 with venv (moto from PyPI is the S3 server), curl,
 # Node.js with npm, redis-cli and redis-server (a Redis on 127.0.0.1:6379 is used if one
 # runs; otherwise the comparison test starts its own).
 # Installs the s2 CLI into ~/.cargo/bin and the Python SDK into .venv-compat on first
@@ -26,6 +26,31 @@ psql "$STREAMGATE_TEST_POSTGRES/postgres" -qAtc \
   "select datname from pg_database where datname like 'streamgate\_test\_%'" |
   while read -r stale; do psql "$STREAMGATE_TEST_POSTGRES/postgres" -qc "drop database \"$stale\""; done
 
+echo "==> Python environment (client suites; moto, the S3 server)"
+venv=.venv-compat
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/pip" install --quiet --disable-pip-version-check -r compat/python/requirements.txt
+
+echo "==> S3 server (moto)"
+# The object-store conformance suite and the engine and black-box suites run against
+# a real S3-API server process over HTTP, each test in a bucket of its own.
+if [ -z "${STREAMGATE_TEST_S3_ENDPOINT:-}" ]; then
+  port=$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  mkdir -p target
+  "$venv/bin/moto_server" -H 127.0.0.1 -p "$port" > target/moto.log 2>&1 &
+  moto_pid=$!
+  trap 'kill "$moto_pid" 2>/dev/null || true' EXIT
+  for _ in $(seq 1 50); do
+    curl -fs -o /dev/null "http://127.0.0.1:$port/" && break
+    sleep 0.2
+  done
+  export STREAMGATE_TEST_S3_ENDPOINT="http://127.0.0.1:$port"
+fi
+export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-test}" AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-test}"
+export AWS_REGION="${AWS_REGION:-us-east-1}"
+
 echo "==> building streamgate"
 cargo build --locked --bin streamgate
 export STREAMGATE_BIN="$PWD/target/debug/streamgate"
@@ -33,9 +58,11 @@ export STREAMGATE_BIN="$PWD/target/debug/streamgate"
 echo "==> Rust test suites"
 cargo test --locked --workspace
 
-echo "==> engine and black-box suites again, on PostgreSQL"
-STREAMGATE_TEST_METADATA=postgres cargo test --locked -p streamgate-core --test engine
-STREAMGATE_TEST_METADATA=postgres cargo test --locked -p streamgate-tests
+echo "==> engine and black-box suites again, on PostgreSQL and S3"
+export STREAMGATE_TEST_METADATA=postgres STREAMGATE_TEST_OBJECTS=s3
+cargo test --locked -p streamgate-core --test engine
+cargo test --locked -p streamgate-tests
+unset STREAMGATE_TEST_METADATA STREAMGATE_TEST_OBJECTS
 
 echo "==> the official s2 CLI"
 # Built once (about 12 minutes on two cores) into ~/.cargo/bin and reused afterwards.
@@ -49,11 +76,6 @@ export S2_CLI
 "$S2_CLI" --version
 
 echo "==> s2 CLI, Python SDK, redis-py, OpenTelemetry exporter and Collector suites"
-venv=.venv-compat
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-"$venv/bin/pip" install --quiet --disable-pip-version-check -r compat/python/requirements.txt
 "$venv/bin/python" -m pytest -q compat/python
 
 echo "==> TypeScript SDK, node-redis, ioredis and OpenTelemetry exporter suites (Node.js)"

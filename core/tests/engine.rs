@@ -11,7 +11,9 @@ use streamgate_core::names::{BasinName, StreamName};
 use streamgate_core::read::{ReadLimits, ReadRequest, ReadStart};
 use streamgate_core::record::{AppendInput, AppendRecord, Header};
 use streamgate_core::storage::local_dir::LocalDirObjectStore;
+use streamgate_core::storage::s3::{S3Location, S3ObjectStore};
 use streamgate_core::storage::sql::SqlMetadataStore;
+use streamgate_core::storage::ObjectStore;
 use streamgate_core::{Caller, Engine, EngineSettings, Error};
 
 /// An engine, used with full access (the root principal): authorization has its own
@@ -19,6 +21,7 @@ use streamgate_core::{Caller, Engine, EngineSettings, Error};
 struct TestEngine {
     engine: Engine,
     root: Caller,
+    objects: Arc<dyn ObjectStore>,
 }
 
 impl std::ops::Deref for TestEngine {
@@ -40,17 +43,7 @@ async fn metadata_store(dir: &Path) -> SqlMetadataStore {
         Ok("postgres") => {
             let server = std::env::var("STREAMGATE_TEST_POSTGRES")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
-            let tag: String = dir
-                .to_string_lossy()
-                .chars()
-                .filter(char::is_ascii_alphanumeric)
-                .collect::<String>()
-                .to_ascii_lowercase();
-            let name = format!(
-                "streamgate_test_{}_{}",
-                std::process::id(),
-                &tag[tag.len().saturating_sub(16)..]
-            );
+            let name = format!("streamgate_test_{}", tag_of(dir).replace('-', "_"));
             SqlMetadataStore::connect_postgres(&format!("{server}/{name}"))
                 .await
                 .unwrap()
@@ -62,19 +55,56 @@ async fn metadata_store(dir: &Path) -> SqlMetadataStore {
     }
 }
 
+/// A short name unique to a test's data directory (and this test process), for the
+/// database or bucket that directory's engine keeps using across restarts.
+fn tag_of(dir: &Path) -> String {
+    let tag: String = dir
+        .to_string_lossy()
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    format!(
+        "{}-{}",
+        std::process::id(),
+        &tag[tag.len().saturating_sub(16)..]
+    )
+}
+
+/// The object store of a test's data directory: a local directory inside it, or, with
+/// `STREAMGATE_TEST_OBJECTS=s3`, a bucket of its own on the S3 server
+/// `STREAMGATE_TEST_S3_ENDPOINT` names.
+async fn object_store(dir: &Path) -> Arc<dyn ObjectStore> {
+    match std::env::var("STREAMGATE_TEST_OBJECTS").as_deref() {
+        Ok("s3") => {
+            let endpoint = std::env::var("STREAMGATE_TEST_S3_ENDPOINT")
+                .expect("STREAMGATE_TEST_S3_ENDPOINT names the S3 server");
+            let location = S3Location {
+                endpoint: Some(endpoint),
+                ..S3Location::parse(&format!("s3://streamgate-test-{}/wal-test", tag_of(dir)))
+                    .unwrap()
+            };
+            Arc::new(S3ObjectStore::connect(location).await.unwrap())
+        }
+        Ok("local") | Err(_) => Arc::new(LocalDirObjectStore::open(dir.join("objects")).unwrap()),
+        Ok(other) => panic!("STREAMGATE_TEST_OBJECTS={other}: use local or s3"),
+    }
+}
+
 async fn open_with(dir: &Path, settings: EngineSettings) -> TestEngine {
     let metadata = metadata_store(dir).await;
-    let objects = LocalDirObjectStore::open(dir.join("objects")).unwrap();
+    let objects = object_store(dir).await;
     let settings = EngineSettings {
         reap_interval: Duration::from_millis(200),
         ..settings
     };
-    let engine = Engine::open(Arc::new(metadata), Arc::new(objects), settings)
+    let engine = Engine::open(Arc::new(metadata), objects.clone(), settings)
         .await
         .unwrap();
     TestEngine {
         root: engine.as_root(),
         engine,
+        objects,
     }
 }
 
@@ -456,7 +486,7 @@ async fn a_recreated_stream_never_sees_old_records_and_names_wait_for_deletion()
 /// Simulates a crash in which chunk 1 never became durable (missing, or torn by the
 /// crash) while chunk 2 did: the writer never acknowledged chunk 2's batch, so recovery
 /// must not resurrect it, and sequence numbers must continue densely.
-async fn recovery_stops_at_chunk_1(damage: impl FnOnce(&Path)) {
+async fn recovery_stops_at_chunk_1(damage: Damage) {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path()).await;
     let s = setup(&engine, "gap").await;
@@ -468,12 +498,21 @@ async fn recovery_stops_at_chunk_1(damage: impl FnOnce(&Path)) {
     }
     let epoch = engine.engine.epoch();
     engine.engine.shutdown().await;
+    let chunk_1 = streamgate_core::wal::chunk_key(epoch, 1);
+    match damage {
+        Damage::Missing => engine.objects.delete(&chunk_1).await.unwrap(),
+        Damage::Torn if engine.objects.describe().starts_with("S3") => {
+            // An interrupted S3 PUT leaves no object at all.
+            engine.objects.delete(&chunk_1).await.unwrap()
+        }
+        Damage::Torn => {
+            // A local file cut short, as a crash mid-write leaves it.
+            let file = dir.path().join("objects").join(&chunk_1);
+            let bytes = std::fs::read(&file).unwrap();
+            std::fs::write(&file, &bytes[..bytes.len() - 3]).unwrap();
+        }
+    }
     drop(engine);
-    let chunk_1 = dir
-        .path()
-        .join("objects")
-        .join(streamgate_core::wal::chunk_key(epoch, 1));
-    damage(&chunk_1);
     let engine = open(dir.path()).await;
     let batch = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
     assert_eq!(bodies(&batch), ["a"]);
@@ -484,18 +523,21 @@ async fn recovery_stops_at_chunk_1(damage: impl FnOnce(&Path)) {
     assert_eq!(ack.start.seq_num, 1, "sequence numbers stay dense");
 }
 
+/// What happens to chunk 1 between the two runs.
+enum Damage {
+    Missing,
+    /// Cut short: what a crash mid-write leaves where a store could tear an object.
+    Torn,
+}
+
 #[tokio::test]
 async fn chunks_after_a_missing_chunk_are_ignored_by_recovery() {
-    recovery_stops_at_chunk_1(|chunk| std::fs::remove_file(chunk).unwrap()).await;
+    recovery_stops_at_chunk_1(Damage::Missing).await;
 }
 
 #[tokio::test]
 async fn a_torn_chunk_ends_its_epoch_in_recovery() {
-    recovery_stops_at_chunk_1(|chunk| {
-        let bytes = std::fs::read(chunk).unwrap();
-        std::fs::write(chunk, &bytes[..bytes.len() - 3]).unwrap();
-    })
-    .await;
+    recovery_stops_at_chunk_1(Damage::Torn).await;
 }
 
 #[tokio::test]

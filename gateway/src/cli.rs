@@ -43,23 +43,32 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_METADATA")]
     pub metadata: Option<String>,
 
-    /// Record store: `file://PATH` (or a plain path) for a local directory. Default:
-    /// `objects/` in the data directory.
+    /// Record store: `file://PATH` (or a plain path) for a local directory, or
+    /// `s3://BUCKET[/PREFIX]` for an S3-compatible bucket (created if missing), with
+    /// region and credentials from the standard AWS environment. Default: `objects/` in
+    /// the data directory.
     #[arg(long, env = "STREAMGATE_OBJECTS")]
     pub objects: Option<String>,
 
+    /// An S3-compatible server instead of AWS for `s3://` records (also read from
+    /// `AWS_ENDPOINT_URL`); addressed path-style, as local S3 servers need.
+    #[arg(long, env = "STREAMGATE_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+
     /// How long (ms) an append may wait for others to share its WAL flush. 0 flushes as
-    /// soon as a flush slot is free: lowest latency on local disks.
-    #[arg(long, env = "STREAMGATE_FLUSH_LINGER_MS", default_value_t = 0)]
-    pub flush_linger_ms: u64,
+    /// soon as a flush slot is free: lowest latency. Default: 0 on a local directory,
+    /// 10 on S3 (fewer PUT requests for a few ms of ack latency).
+    #[arg(long, env = "STREAMGATE_FLUSH_LINGER_MS")]
+    pub flush_linger_ms: Option<u64>,
 
     /// A WAL chunk is cut once it holds this many bytes.
     #[arg(long, env = "STREAMGATE_FLUSH_MAX_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub flush_max_bytes: usize,
 
     /// WAL chunks written concurrently, 1 to 64 (acknowledged strictly in order).
-    #[arg(long, env = "STREAMGATE_FLUSH_IN_FLIGHT", default_value_t = 4)]
-    pub flush_in_flight: usize,
+    /// Default: 4 on a local directory, 16 on S3 (whose writes take longer).
+    #[arg(long, env = "STREAMGATE_FLUSH_IN_FLIGHT")]
+    pub flush_in_flight: Option<usize>,
 
     /// Memory for appends accepted but not yet durable (MiB); past it, appends wait and
     /// append sessions stop reading, so clients feel backpressure instead of the server

@@ -11,7 +11,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use streamgate_core::storage::local_dir::LocalDirObjectStore;
+use streamgate_core::storage::s3::{S3Location, S3ObjectStore};
 use streamgate_core::storage::sql::SqlMetadataStore;
+use streamgate_core::storage::ObjectStore;
 use streamgate_core::{Engine, EngineSettings, FlushSettings};
 use tracing_subscriber::EnvFilter;
 
@@ -42,12 +44,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Some(url) => parse_store_url("metadata", url, "sqlite", &["postgres", "postgresql"])?,
         None => StoreLocation::Path(args.data_dir.join("metadata.db")),
     };
-    let objects_path = match &args.objects {
-        Some(url) => match parse_store_url("objects", url, "file", &[])? {
-            StoreLocation::Path(path) => path,
-            StoreLocation::Server(_) => unreachable!("no server scheme is offered for --objects"),
-        },
-        None => args.data_dir.join("objects"),
+    let objects_location = match &args.objects {
+        Some(url) => parse_store_url("objects", url, "file", &["s3"])?,
+        None => StoreLocation::Path(args.data_dir.join("objects")),
     };
     let (metadata, metadata_description) = match &metadata_location {
         StoreLocation::Path(path) => (
@@ -63,14 +62,42 @@ async fn run(args: Args) -> anyhow::Result<()> {
             format!("PostgreSQL {}", redact_password(url)),
         ),
     };
-    let objects = LocalDirObjectStore::open(&objects_path)
-        .with_context(|| format!("opening the record store {}", objects_path.display()))?;
+    // Defaults tuned for each store: a local disk acks fastest with no linger; S3's
+    // writes take tens of ms and are billed per request, so appends wait a little to
+    // share a PUT and more PUTs are kept in flight.
+    let (objects, default_linger_ms, default_in_flight): (Arc<dyn ObjectStore>, u64, usize) =
+        match &objects_location {
+            StoreLocation::Path(path) => (
+                Arc::new(
+                    LocalDirObjectStore::open(path)
+                        .with_context(|| format!("opening the record store {}", path.display()))?,
+                ),
+                0,
+                4,
+            ),
+            StoreLocation::Server(url) => {
+                let location = S3Location {
+                    endpoint: args.s3_endpoint.clone(),
+                    ..S3Location::parse(url)?
+                };
+                (
+                    Arc::new(
+                        S3ObjectStore::connect(location)
+                            .await
+                            .with_context(|| format!("opening the record store {url}"))?,
+                    ),
+                    10,
+                    16,
+                )
+            }
+        };
     let settings = EngineSettings {
         flush: FlushSettings {
-            linger: Duration::from_millis(args.flush_linger_ms),
+            linger: Duration::from_millis(args.flush_linger_ms.unwrap_or(default_linger_ms)),
             max_chunk_bytes: args.flush_max_bytes.max(1),
             max_in_flight: args
                 .flush_in_flight
+                .unwrap_or(default_in_flight)
                 .clamp(1, streamgate_core::engine::MAX_TORN_TAIL),
             ..FlushSettings::default()
         },
@@ -79,7 +106,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         reap_interval: Duration::from_secs(args.reap_interval_secs.max(1)),
         ..EngineSettings::default()
     };
-    let engine = Engine::open(Arc::new(metadata), Arc::new(objects), settings)
+    let engine = Engine::open(Arc::new(metadata), objects, settings)
         .await
         .context("recovering streams")?;
     let root_token = root_token(&engine, &args).await?;

@@ -8,33 +8,54 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// `--metadata` for a test server: none (SQLite in the data directory), or, with
-/// `STREAMGATE_TEST_METADATA=postgres`, a PostgreSQL database of the server's own on
-/// `STREAMGATE_TEST_POSTGRES` (the same one across restarts of that server).
-fn metadata_args(data_dir: &Path, extra_args: &[String]) -> Vec<String> {
-    if extra_args.iter().any(|a| a == "--metadata") {
-        return Vec::new();
-    }
+/// A short name unique to a server's data directory (and this test process), for the
+/// database or bucket the server keeps using across its restarts.
+fn tag_of(data_dir: &Path) -> String {
+    let tag: String = data_dir
+        .to_string_lossy()
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    format!(
+        "{}-{}",
+        std::process::id(),
+        &tag[tag.len().saturating_sub(16)..]
+    )
+}
+
+/// The storage flags of a test server: none (SQLite and a local directory in its data
+/// directory), or, with `STREAMGATE_TEST_METADATA=postgres`, a PostgreSQL database of
+/// its own on `STREAMGATE_TEST_POSTGRES`, and with `STREAMGATE_TEST_OBJECTS=s3`, a
+/// bucket of its own on the S3 server `STREAMGATE_TEST_S3_ENDPOINT`.
+fn backend_args(data_dir: &Path, extra_args: &[String]) -> Vec<String> {
+    let mut args = Vec::new();
+    let given = |flag: &str| extra_args.iter().any(|a| a == flag);
     match std::env::var("STREAMGATE_TEST_METADATA").as_deref() {
-        Ok("postgres") => {
+        Ok("postgres") if !given("--metadata") => {
             let server = std::env::var("STREAMGATE_TEST_POSTGRES")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
-            let tag: String = data_dir
-                .to_string_lossy()
-                .chars()
-                .filter(char::is_ascii_alphanumeric)
-                .collect::<String>()
-                .to_ascii_lowercase();
-            let name = format!(
-                "streamgate_test_{}_{}",
-                std::process::id(),
-                &tag[tag.len().saturating_sub(16)..]
-            );
-            vec!["--metadata".into(), format!("{server}/{name}")]
+            let name = format!("streamgate_test_{}", tag_of(data_dir).replace('-', "_"));
+            args.extend(["--metadata".into(), format!("{server}/{name}")]);
         }
-        Ok("sqlite") | Err(_) => Vec::new(),
+        Ok("sqlite" | "postgres") | Err(_) => {}
         Ok(other) => panic!("STREAMGATE_TEST_METADATA={other}: use sqlite or postgres"),
     }
+    match std::env::var("STREAMGATE_TEST_OBJECTS").as_deref() {
+        Ok("s3") if !given("--objects") => {
+            let endpoint = std::env::var("STREAMGATE_TEST_S3_ENDPOINT")
+                .expect("STREAMGATE_TEST_S3_ENDPOINT names the S3 server");
+            args.extend([
+                "--objects".into(),
+                format!("s3://streamgate-test-{}/records", tag_of(data_dir)),
+                "--s3-endpoint".into(),
+                endpoint,
+            ]);
+        }
+        Ok("local" | "s3") | Err(_) => {}
+        Ok(other) => panic!("STREAMGATE_TEST_OBJECTS={other}: use local or s3"),
+    }
+    args
 }
 
 /// The root access token test servers are started with (`--root-token`).
@@ -164,7 +185,7 @@ impl Server {
         let mut child = Command::new(binary())
             .arg("--data-dir")
             .arg(&self.data_dir)
-            .args(metadata_args(&self.data_dir, &self.extra_args))
+            .args(backend_args(&self.data_dir, &self.extra_args))
             .arg("--listen")
             .arg(&listen)
             .arg("--resp-listen")

@@ -4,6 +4,7 @@ pub mod local_dir;
 pub mod memory;
 pub mod metadata;
 pub mod objects;
+pub mod s3;
 pub mod sql;
 
 pub use metadata::{BasinRecord, ListPage, MetadataStore, StreamRecord};

@@ -1,0 +1,277 @@
+//! `ObjectStore` on any S3-compatible bucket (aws-sdk-s3): AWS S3, or a local S3 server
+//! with path-style addressing. Endpoint, region and credentials come from the standard
+//! AWS environment (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, profiles, ...);
+//! requests that fail with 5xx, throttling or timeouts are retried with backoff.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::Client;
+use bytes::Bytes;
+
+use super::ObjectStore;
+use crate::error::{Error, Result};
+
+pub struct S3ObjectStore {
+    client: Client,
+    bucket: String,
+    /// Prepended to every key (empty, or ending in `/`).
+    prefix: String,
+}
+
+/// Where an `s3://bucket/prefix` URL points, and how to reach it.
+#[derive(Debug, Clone, Default)]
+pub struct S3Location {
+    pub bucket: String,
+    pub prefix: String,
+    /// An S3-compatible server instead of AWS (also read from `AWS_ENDPOINT_URL`).
+    pub endpoint: Option<String>,
+    /// Path-style addressing (`endpoint/bucket/key`), which local S3 servers need; on
+    /// whenever an endpoint is given.
+    pub force_path_style: bool,
+}
+
+impl S3Location {
+    /// Parses `s3://bucket[/prefix]`.
+    pub fn parse(url: &str) -> Result<S3Location> {
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| Error::invalid(format!("`{url}` is not an s3://bucket/prefix URL")))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(Error::invalid(format!("`{url}` names no bucket")));
+        }
+        let prefix = prefix.trim_matches('/');
+        Ok(S3Location {
+            bucket: bucket.to_owned(),
+            prefix: if prefix.is_empty() {
+                String::new()
+            } else {
+                format!("{prefix}/")
+            },
+            ..Default::default()
+        })
+    }
+}
+
+impl S3ObjectStore {
+    /// Connects, and creates the bucket if it does not exist yet.
+    pub async fn connect(location: S3Location) -> Result<Self> {
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .retry_config(
+                RetryConfig::standard()
+                    .with_max_attempts(6)
+                    .with_initial_backoff(Duration::from_millis(50))
+                    .with_max_backoff(Duration::from_secs(5)),
+            )
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .operation_attempt_timeout(Duration::from_secs(20))
+                    .build(),
+            );
+        if let Some(endpoint) = &location.endpoint {
+            loader = loader.endpoint_url(endpoint);
+        }
+        let shared = loader.load().await;
+        let path_style = location.force_path_style || shared.endpoint_url().is_some();
+        let config = aws_sdk_s3::config::Builder::from(&shared)
+            .force_path_style(path_style)
+            .build();
+        let store = S3ObjectStore {
+            client: Client::from_conf(config),
+            bucket: location.bucket,
+            prefix: location.prefix,
+        };
+        store.ensure_bucket().await?;
+        Ok(store)
+    }
+
+    async fn ensure_bucket(&self) -> Result<()> {
+        match self.client.head_bucket().bucket(&self.bucket).send().await {
+            Ok(_) => Ok(()),
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_not_found()) => {
+                match self
+                    .client
+                    .create_bucket()
+                    .bucket(&self.bucket)
+                    .send()
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!(bucket = %self.bucket, "created the S3 bucket");
+                        Ok(())
+                    }
+                    Err(err)
+                        if err.as_service_error().is_some_and(|e| {
+                            e.is_bucket_already_owned_by_you() || e.is_bucket_already_exists()
+                        }) =>
+                    {
+                        Ok(())
+                    }
+                    Err(err) => Err(s3_error("creating the bucket", &self.bucket, err)),
+                }
+            }
+            Err(err) => Err(s3_error("reaching the bucket", &self.bucket, err)),
+        }
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+}
+
+fn s3_error(what: &str, key: &str, err: impl std::error::Error) -> Error {
+    // The SDK's Display is terse; the source chain says what went wrong.
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    Error::storage(format!("S3 {what} `{key}`: {message}"))
+}
+
+#[async_trait]
+impl ObjectStore for S3ObjectStore {
+    async fn put(&self, key: &str, data: Bytes) -> Result<()> {
+        // A PUT is atomic: the object appears whole or not at all, and is durable in S3
+        // once acknowledged.
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(self.key(key))
+            .body(ByteStream::from(data))
+            .send()
+            .await
+            .map_err(|e| s3_error("put", key, e))?;
+        Ok(())
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Bytes>> {
+        let response = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(self.key(key))
+            .send()
+            .await;
+        match response {
+            Ok(object) => {
+                let body = object
+                    .body
+                    .collect()
+                    .await
+                    .map_err(|e| s3_error("get", key, e))?;
+                Ok(Some(body.into_bytes()))
+            }
+            Err(err) if err.as_service_error().is_some_and(|e| e.is_no_such_key()) => Ok(None),
+            Err(err) => Err(s3_error("get", key, err)),
+        }
+    }
+
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
+        if range.is_empty() {
+            return Ok(Bytes::new());
+        }
+        let object = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(self.key(key))
+            .range(format!("bytes={}-{}", range.start, range.end - 1))
+            .send()
+            .await
+            .map_err(|e| s3_error("get", key, e))?;
+        let body = object
+            .body
+            .collect()
+            .await
+            .map_err(|e| s3_error("get", key, e))?
+            .into_bytes();
+        if body.len() as u64 != range.end - range.start {
+            return Err(Error::storage(format!(
+                "S3 get `{key}`: range {range:?} is outside the object"
+            )));
+        }
+        Ok(body)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let mut keys = Vec::new();
+        let mut pages = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(self.key(prefix))
+            .into_paginator()
+            .send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| s3_error("list", prefix, e))?;
+            keys.extend(
+                page.contents()
+                    .iter()
+                    .filter_map(|object| object.key())
+                    .filter_map(|key| key.strip_prefix(self.prefix.as_str()))
+                    .map(str::to_owned),
+            );
+        }
+        keys.sort();
+        Ok(keys)
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(self.key(key))
+            .send()
+            .await
+            .map_err(|e| s3_error("delete", key, e))?;
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("S3 s3://{}/{}", self.bucket, self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_a_bucket_and_a_prefix() {
+        let plain = S3Location::parse("s3://records").unwrap();
+        assert_eq!(
+            (plain.bucket.as_str(), plain.prefix.as_str()),
+            ("records", "")
+        );
+        let nested = S3Location::parse("s3://records/prod/eu/").unwrap();
+        assert_eq!(nested.prefix, "prod/eu/");
+        assert!(S3Location::parse("s3://").is_err());
+        assert!(S3Location::parse("file:///tmp").is_err());
+    }
+
+    /// Against the S3 server `STREAMGATE_TEST_S3_ENDPOINT` names (scripts/test.sh starts
+    /// moto), in a bucket of its own.
+    #[tokio::test]
+    async fn passes_the_object_store_conformance_suite() {
+        let endpoint = std::env::var("STREAMGATE_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+            panic!("set STREAMGATE_TEST_S3_ENDPOINT to an S3 server (scripts/test.sh starts moto)")
+        });
+        let bucket = format!("streamgate-test-{:016x}", rand::random::<u64>());
+        let store = S3ObjectStore::connect(S3Location {
+            endpoint: Some(endpoint),
+            ..S3Location::parse(&format!("s3://{bucket}/some/prefix")).unwrap()
+        })
+        .await
+        .unwrap();
+        super::super::objects::conformance(&store).await;
+    }
+}
