@@ -151,6 +151,9 @@ impl SqlMetadataStore {
     async fn postgres_pool(url: &str) -> std::result::Result<AnyPool, sqlx::Error> {
         AnyPoolOptions::new()
             .max_connections(8)
+            // A connection the server closed (restart, failover) is noticed and replaced
+            // before use, so the server rides out a database restart on its own.
+            .test_before_acquire(true)
             .acquire_timeout(std::time::Duration::from_secs(10))
             .connect(url)
             .await
