@@ -6,11 +6,13 @@ use std::path::PathBuf;
 use clap::Parser;
 
 /// streamgate: a self-hosted, durable stream store that speaks the S2 API (REST, S2S
-/// sessions, SSE) and Redis Streams (RESP).
+/// sessions, SSE), Redis Streams (RESP) and OpenTelemetry (OTLP/HTTP).
 ///
-/// With no flags it serves the S2 API on 127.0.0.1:8080 and RESP on 127.0.0.1:6380, and
-/// keeps everything in ./streamgate-data (metadata in SQLite, records in a local
-/// directory). Every acknowledged append has been fsync'd to disk first.
+/// With no flags it serves the S2 API and OTLP on 127.0.0.1:8080 and RESP on
+/// 127.0.0.1:6380, and keeps everything in ./streamgate-data (metadata in SQLite, records
+/// in a local directory); --metadata postgres://… and --objects s3://… move them to
+/// PostgreSQL and S3. Every request needs an access token: the first start creates a
+/// root token and prints it. Every acknowledged append is durable first.
 #[derive(Debug, Parser)]
 #[command(name = "streamgate", version, about, long_about)]
 pub struct Args {
