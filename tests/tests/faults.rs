@@ -66,3 +66,200 @@ async fn postgres_connections_killed_while_serving_are_reestablished() {
         .unwrap();
     assert_eq!(appended.status(), 200);
 }
+
+/// How the proxy treats new connections.
+const HEALTHY: u8 = 0;
+const FAULTY: u8 = 1;
+
+/// A TCP proxy in front of the S3 server. While faulty, each new connection in turn
+/// gets a `503`, is reset at once, or stalls for 3 s before being forwarded; turning
+/// faulty also cuts every open connection, so pooled ones meet the faults too.
+struct FaultProxy {
+    port: u16,
+    /// Connections that met a fault.
+    injected: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    mode: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl FaultProxy {
+    async fn start(upstream: String) -> FaultProxy {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mode = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(HEALTHY));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let injected = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (accept_mode, accept_open, accept_injected) =
+            (mode.clone(), open.clone(), injected.clone());
+        tokio::spawn(async move {
+            let mut turn = 0u64;
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                let faulty = accept_mode.load(Ordering::SeqCst) == FAULTY;
+                if faulty {
+                    accept_injected.fetch_add(1, Ordering::SeqCst);
+                }
+                turn += 1;
+                let upstream = upstream.clone();
+                let task = tokio::spawn(async move {
+                    if faulty {
+                        match turn % 3 {
+                            0 => {
+                                let mut head = [0u8; 4096];
+                                let _ = client.read(&mut head).await;
+                                let _ = client
+                                    .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                                    .await;
+                                return;
+                            }
+                            1 => return, // dropped: the client sees the connection reset
+                            _ => tokio::time::sleep(std::time::Duration::from_secs(3)).await,
+                        }
+                    }
+                    let Ok(mut server) = tokio::net::TcpStream::connect(upstream.as_str()).await
+                    else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+                accept_open.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        FaultProxy {
+            port,
+            injected,
+            mode,
+            open,
+        }
+    }
+
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, std::sync::atomic::Ordering::SeqCst);
+        if mode == FAULTY {
+            for connection in self.open.lock().unwrap().drain(..) {
+                connection.abort();
+            }
+        }
+    }
+}
+
+/// Appends run while the object store answers with 5xx, resets and multi-second
+/// stalls: appends are delayed (or fail), never acknowledged without their data, and
+/// once the store is healthy again everything acknowledged is there exactly once, in
+/// order, and appends go on without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_store_faults_delay_appends_but_lose_nothing_acknowledged() {
+    let s3 = std::env::var("STREAMGATE_TEST_S3_ENDPOINT")
+        .expect("STREAMGATE_TEST_S3_ENDPOINT names the S3 server (scripts/test.sh starts moto)");
+    let proxy = FaultProxy::start(s3.trim_start_matches("http://").to_owned()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = format!("streamgate-test-fault-{}", std::process::id());
+    let server = Server::start_with(
+        dir.path(),
+        &[
+            "--objects",
+            &format!("s3://{bucket}/records"),
+            "--s3-endpoint",
+            &format!("http://127.0.0.1:{}", proxy.port),
+        ],
+    );
+    let endpoint = server.endpoint.clone();
+    streamgate_tests::create_streams(&endpoint, "fault-basin", &["s"]).await;
+
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, u64)>::new()));
+    let slowest = std::sync::Arc::new(std::sync::Mutex::new(std::time::Duration::ZERO));
+    let failed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stop = std::time::Instant::now() + std::time::Duration::from_secs(9);
+    let mut writers = Vec::new();
+    for writer in 0..4 {
+        let (endpoint, acked, failed, slowest) = (
+            endpoint.clone(),
+            acked.clone(),
+            failed.clone(),
+            slowest.clone(),
+        );
+        writers.push(tokio::spawn(async move {
+            let client = streamgate_tests::client();
+            let mut n = 0;
+            while std::time::Instant::now() < stop {
+                let id = format!("w{writer}-{n}");
+                n += 1;
+                let started = std::time::Instant::now();
+                let response = client
+                    .post(format!("{endpoint}/v1/streams/s/records"))
+                    .header("s2-basin", "fault-basin")
+                    .json(&json!({"records": [{"body": id}]}))
+                    .send()
+                    .await
+                    .unwrap();
+                {
+                    let mut slowest = slowest.lock().unwrap();
+                    *slowest = (*slowest).max(started.elapsed());
+                }
+                if response.status() == 200 {
+                    let ack: serde_json::Value = response.json().await.unwrap();
+                    acked
+                        .lock()
+                        .unwrap()
+                        .push((id, ack["start"]["seq_num"].as_u64().unwrap()));
+                } else {
+                    failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let before_faults = acked.lock().unwrap().len();
+    proxy.set(FAULTY);
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    proxy.set(HEALTHY);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    let injected = proxy.injected.load(std::sync::atomic::Ordering::SeqCst);
+    let slowest = *slowest.lock().unwrap();
+    eprintln!(
+        "{} appends acknowledged ({before_faults} before the faults), {} failed; {injected} connections met a fault; slowest append {slowest:?}",
+        acked.len(),
+        failed.load(std::sync::atomic::Ordering::SeqCst)
+    );
+    assert!(
+        injected >= 3,
+        "every kind of fault was met ({injected} faulty connections)"
+    );
+    assert!(
+        slowest >= std::time::Duration::from_secs(1),
+        "the faults delayed appends"
+    );
+    assert!(
+        acked.len() > before_faults,
+        "appends went on after the faults"
+    );
+
+    let records = streamgate_tests::read_stream(&endpoint, "fault-basin", "s").await;
+    let mut seen = std::collections::HashMap::new();
+    for (i, record) in records.iter().enumerate() {
+        assert_eq!(
+            record["seq_num"].as_u64(),
+            Some(i as u64),
+            "dense sequence numbers"
+        );
+        let body = record["body"].as_str().unwrap().to_owned();
+        assert!(
+            seen.insert(body.clone(), i as u64).is_none(),
+            "{body} appears twice"
+        );
+    }
+    for (id, seq) in &acked {
+        assert_eq!(
+            seen.get(id),
+            Some(seq),
+            "acknowledged {id} is at its position"
+        );
+    }
+}
