@@ -490,3 +490,99 @@ async fn sigterm_drains_and_acknowledged_records_survive() {
     verify(&history, &streams);
     assert!(!history.acked.is_empty());
 }
+
+/// A basin with many streams is deleted and the server is killed at a random moment
+/// while the deletion is being finished. After a restart the deletion completes, the
+/// name can be reused, and the new basin sees none of the old streams or records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_in_the_middle_of_a_basin_deletion_finishes_it_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(dir.path());
+    let endpoint = server.endpoint.clone();
+    let client = streamgate_tests::client();
+    for round in 0..3 {
+        let basin = "doomed-basin";
+        let names: Vec<String> = (0..40).map(|i| format!("s{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        streamgate_tests::create_streams(&endpoint, basin, &refs).await;
+        for name in &names[..5] {
+            let status = client
+                .post(format!("{endpoint}/v1/streams/{name}/records"))
+                .header("s2-basin", basin)
+                .json(&json!({"records": [{"body": format!("old-{round}")}]}))
+                .send()
+                .await
+                .unwrap()
+                .status();
+            assert_eq!(status, 200);
+        }
+        let deleted = client
+            .delete(format!("{endpoint}/v1/basins/{basin}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(deleted.status(), 202);
+        // The reaper runs every second in tests: kill somewhere around it.
+        let delay = rand::rng().random_range(0..1500);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        server.kill9();
+        server.restart();
+
+        // The deletion finishes: the basin leaves the listing and its name is free.
+        assert!(
+            basin_gone(&client, &endpoint, basin).await,
+            "round {round} (killed after {delay} ms): the deletion finished"
+        );
+        let recreated = client
+            .post(format!("{endpoint}/v1/basins"))
+            .json(&json!({"basin": basin}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(recreated.status(), 201, "the name is free again");
+        let streams: Value = client
+            .get(format!("{endpoint}/v1/streams"))
+            .header("s2-basin", basin)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(
+            streams["streams"].as_array().unwrap().is_empty(),
+            "no old stream survives"
+        );
+        // A stream recreated under an old name starts empty.
+        streamgate_tests::create_streams(&endpoint, basin, &["s0"]).await;
+        assert!(streamgate_tests::read_stream(&endpoint, basin, "s0")
+            .await
+            .is_empty());
+        let cleanup = client
+            .delete(format!("{endpoint}/v1/basins/{basin}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(cleanup.status(), 202);
+        assert!(basin_gone(&client, &endpoint, basin).await);
+    }
+}
+
+/// Waits up to 10 s for a deleted basin to leave the listing; whether it did.
+async fn basin_gone(client: &Client, endpoint: &str, basin: &str) -> bool {
+    for _ in 0..100 {
+        let listed: Value = client
+            .get(format!("{endpoint}/v1/basins?prefix={basin}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if listed["basins"].as_array().unwrap().is_empty() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
