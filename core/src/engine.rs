@@ -429,6 +429,26 @@ impl Engine {
         }
     }
 
+    /// A live stream, from the map or else from the metadata: one the map does not know
+    /// yet (its registration was cut short, or a concurrent creator has not registered
+    /// it yet) holds no records yet, so registering it here is safe.
+    async fn known_stream(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+    ) -> Result<Option<Arc<StreamState>>> {
+        if let Some(state) = self.live_stream(basin, name) {
+            return Ok(Some(state));
+        }
+        match self.inner.metadata.get_stream(basin, name).await? {
+            Some(record) if record.deleted_at.is_none() => {
+                self.register(Created::Existing(record));
+                Ok(self.live_stream(basin, name))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// A live stream, created on the spot if the basin allows it for this kind of access
     /// (`create_config` is `Some` for accesses that may create, with the requested config).
     async fn stream_for(
@@ -437,18 +457,8 @@ impl Engine {
         name: &StreamName,
         create: Option<(AutoCreate, &StreamConfig)>,
     ) -> Result<Arc<StreamState>> {
-        if let Some(state) = self.live_stream(basin, name) {
+        if let Some(state) = self.known_stream(basin, name).await? {
             return Ok(state);
-        }
-        // A live stream the map does not know (its registration was cut short, or a
-        // concurrent creator has not registered it yet) can hold no records yet.
-        if let Some(record) = self.inner.metadata.get_stream(basin, name).await? {
-            if record.deleted_at.is_none() {
-                self.register(Created::Existing(record));
-                if let Some(state) = self.live_stream(basin, name) {
-                    return Ok(state);
-                }
-            }
         }
         if let Some((kind, config)) = create {
             let basin_record = self.active_basin(basin).await?;
@@ -462,7 +472,9 @@ impl Engine {
                     Ok(_) | Err(Error::AlreadyExists(_)) => {}
                     Err(err) => return Err(err),
                 }
-                if let Some(state) = self.live_stream(basin, name) {
+                // `AlreadyExists`: a concurrent auto-creation won, and may not have
+                // registered the stream yet.
+                if let Some(state) = self.known_stream(basin, name).await? {
                     return Ok(state);
                 }
             }

@@ -540,6 +540,36 @@ async fn a_torn_chunk_ends_its_epoch_in_recovery() {
     recovery_stops_at_chunk_1(Damage::Torn).await;
 }
 
+/// Many appends auto-creating the same new stream at once all land in it: the losers
+/// of the creation race find the winner's stream even before it is registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_appends_auto_creating_one_stream_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let config = BasinConfig {
+        create_stream_on_append: true,
+        ..Default::default()
+    };
+    engine.create_basin(basin(), config, None).await.unwrap();
+    for round in 0..50 {
+        let name = stream(&format!("raced-{round}"));
+        let appends: Vec<_> = (0..32)
+            .map(|i| {
+                let (root, name) = (engine.root.clone(), name.clone());
+                tokio::spawn(async move {
+                    root.append(&basin(), &name, records(&[&format!("r{i}")]), None)
+                        .await
+                })
+            })
+            .collect();
+        for append in appends {
+            append.await.unwrap().unwrap();
+        }
+        let tail = engine.check_tail(&basin(), &name, None).await.unwrap();
+        assert_eq!(tail.seq_num, 32, "round {round}");
+    }
+}
+
 #[tokio::test]
 async fn auto_creation_follows_the_basin_config() {
     let dir = tempfile::tempdir().unwrap();
