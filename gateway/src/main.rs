@@ -217,7 +217,7 @@ fn print_banner(
     println!("  metadata:      {metadata}");
     println!("  records:       {}", engine.describe_storage());
     println!(
-        "  WAL flush:     linger {} ms, chunks up to {} KiB, {} in flight; acks after fsync",
+        "  WAL flush:     linger {} ms, chunks up to {} KiB, {} in flight; acks once durable",
         flush.linger.as_millis(),
         flush.max_chunk_bytes / 1024,
         flush.max_in_flight
