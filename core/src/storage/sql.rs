@@ -165,6 +165,49 @@ impl SqlMetadataStore {
         Ok(store)
     }
 
+    /// One page of a listing: the rows `select` gives whose `key` is in `range` (and
+    /// whose `scope` column, if any, has the given value), in `key` order. One row more
+    /// than the page is fetched to learn whether there are more.
+    async fn page<T>(
+        &self,
+        select: &str,
+        key: &str,
+        scope: Option<(&str, &str)>,
+        range: &ListRange,
+        from_row: impl Fn(&AnyRow) -> Result<T>,
+    ) -> Result<ListPage<T>> {
+        let (scope_clause, first) = match scope {
+            Some((column, _)) => (format!("{column} = $1 AND "), 2),
+            None => (String::new(), 1),
+        };
+        let sql = format!(
+            "{select} WHERE {scope_clause}{key} > ${} AND {key} >= ${} \
+             AND substr({key}, 1, length(${})) = ${} ORDER BY {key} LIMIT ${}",
+            first,
+            first + 1,
+            first + 2,
+            first + 3,
+            first + 4
+        );
+        let mut query = sqlx::query(&sql);
+        if let Some((_, value)) = scope {
+            query = query.bind(value);
+        }
+        let rows = query
+            .bind(&range.start_after)
+            .bind(&range.prefix)
+            .bind(&range.prefix)
+            .bind(&range.prefix)
+            .bind(range.limit as i64 + 1)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        let mut items = rows.iter().map(from_row).collect::<Result<Vec<_>>>()?;
+        let has_more = items.len() > range.limit;
+        items.truncate(range.limit);
+        Ok(ListPage { items, has_more })
+    }
+
     /// A transaction that holds the write lock from its start, so a read-then-write
     /// (check, then insert) never races another writer.
     async fn write_transaction(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>> {
@@ -295,13 +338,6 @@ fn stream_from_row(row: &AnyRow) -> Result<StreamRecord> {
     })
 }
 
-/// Splits `limit + 1` fetched rows into a page and its `has_more` flag.
-fn page<T>(mut items: Vec<T>, limit: usize) -> ListPage<T> {
-    let has_more = items.len() > limit;
-    items.truncate(limit);
-    ListPage { items, has_more }
-}
-
 const BASIN_COLUMNS: &str = "name, location, config, created_at_ms, deleted_at_ms, idempotency_key";
 const STREAM_COLUMNS: &str =
     "id, basin, name, config, created_at_ms, deleted_at_ms, idempotency_key";
@@ -318,21 +354,19 @@ impl MetadataStore for SqlMetadataStore {
         .await
         .map_err(db)?;
         if let Some(row) = existing {
-            // End the transaction now: a dropped one would hold the write lock until
-            // its connection is next used.
-            tx.rollback().await.map_err(db)?;
             let existing = basin_from_row(&row)?;
-            return match existing_outcome(
+            let outcome = existing_outcome(
                 &existing.deleted_at,
                 &existing.idempotency_key,
                 &basin.idempotency_key,
-            ) {
-                Outcome::DeletionPending => {
-                    Err(Error::BasinDeletionPending(basin.name.to_string()))
-                }
-                Outcome::Retry => Ok(Created::Existing(existing)),
-                Outcome::Conflict => Err(Error::AlreadyExists(format!("basin `{}`", basin.name))),
-            };
+            );
+            return found_existing(tx, outcome, existing, || {
+                (
+                    Error::BasinDeletionPending(basin.name.to_string()),
+                    Error::AlreadyExists(format!("basin `{}`", basin.name)),
+                )
+            })
+            .await;
         }
         sqlx::query(
             "INSERT INTO basins (name, location, config, created_at_ms, deleted_at_ms, idempotency_key) \
@@ -364,24 +398,9 @@ impl MetadataStore for SqlMetadataStore {
     }
 
     async fn list_basins(&self, range: &ListRange) -> Result<ListPage<BasinRecord>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {BASIN_COLUMNS} FROM basins \
-             WHERE name > $1 AND name >= $2 AND substr(name, 1, length($3)) = $4 \
-             ORDER BY name LIMIT $5"
-        ))
-        .bind(&range.start_after)
-        .bind(&range.prefix)
-        .bind(&range.prefix)
-        .bind(&range.prefix)
-        .bind(range.limit as i64 + 1)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        let items = rows
-            .iter()
-            .map(basin_from_row)
-            .collect::<Result<Vec<_>>>()?;
-        Ok(page(items, range.limit))
+        let select = format!("SELECT {BASIN_COLUMNS} FROM basins");
+        self.page(&select, "name", None, range, basin_from_row)
+            .await
     }
 
     async fn set_basin_config(
@@ -458,21 +477,19 @@ impl MetadataStore for SqlMetadataStore {
         .await
         .map_err(db)?;
         if let Some(row) = existing {
-            // End the transaction now: a dropped one would hold the write lock until
-            // its connection is next used.
-            tx.rollback().await.map_err(db)?;
             let existing = stream_from_row(&row)?;
-            return match existing_outcome(
+            let outcome = existing_outcome(
                 &existing.deleted_at,
                 &existing.idempotency_key,
                 &stream.idempotency_key,
-            ) {
-                Outcome::DeletionPending => {
-                    Err(Error::StreamDeletionPending(stream.name.to_string()))
-                }
-                Outcome::Retry => Ok(Created::Existing(existing)),
-                Outcome::Conflict => Err(Error::AlreadyExists(format!("stream `{}`", stream.name))),
-            };
+            );
+            return found_existing(tx, outcome, existing, || {
+                (
+                    Error::StreamDeletionPending(stream.name.to_string()),
+                    Error::AlreadyExists(format!("stream `{}`", stream.name)),
+                )
+            })
+            .await;
         }
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO streams (basin, name, config, created_at_ms, deleted_at_ms, idempotency_key) \
@@ -516,25 +533,10 @@ impl MetadataStore for SqlMetadataStore {
         basin: &BasinName,
         range: &ListRange,
     ) -> Result<ListPage<StreamRecord>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {STREAM_COLUMNS} FROM streams \
-             WHERE basin = $1 AND name > $2 AND name >= $3 AND substr(name, 1, length($4)) = $5 \
-             ORDER BY name LIMIT $6"
-        ))
-        .bind(basin.as_str())
-        .bind(&range.start_after)
-        .bind(&range.prefix)
-        .bind(&range.prefix)
-        .bind(&range.prefix)
-        .bind(range.limit as i64 + 1)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        let items = rows
-            .iter()
-            .map(stream_from_row)
-            .collect::<Result<Vec<_>>>()?;
-        Ok(page(items, range.limit))
+        let select = format!("SELECT {STREAM_COLUMNS} FROM streams");
+        let in_basin = Some(("basin", basin.as_str()));
+        self.page(&select, "name", in_basin, range, stream_from_row)
+            .await
     }
 
     async fn set_stream_config(&self, id: u64, config: &crate::config::StreamConfig) -> Result<()> {
@@ -659,24 +661,9 @@ impl MetadataStore for SqlMetadataStore {
     }
 
     async fn list_access_tokens(&self, range: &ListRange) -> Result<ListPage<AccessTokenInfo>> {
-        let rows = sqlx::query(
-            "SELECT info FROM access_tokens \
-             WHERE id > $1 AND id >= $2 AND substr(id, 1, length($3)) = $4 \
-             ORDER BY id LIMIT $5",
-        )
-        .bind(&range.start_after)
-        .bind(&range.prefix)
-        .bind(&range.prefix)
-        .bind(&range.prefix)
-        .bind(range.limit as i64 + 1)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?;
-        let items = rows
-            .iter()
-            .map(|row| parse_json(row.get("info")))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(page(items, range.limit))
+        let info = |row: &AnyRow| parse_json(row.get("info"));
+        self.page("SELECT info FROM access_tokens", "id", None, range, info)
+            .await
     }
 
     async fn delete_access_token(&self, id: &str) -> Result<bool> {
@@ -686,6 +673,25 @@ impl MetadataStore for SqlMetadataStore {
             .await
             .map_err(db)?;
         Ok(result.rows_affected() > 0)
+    }
+}
+
+/// Ends a create that found a row of the same name: the transaction ends at once (a
+/// dropped one would hold the write lock until its connection is next used), then the
+/// existing row is returned for a retry, or the error `errors` gives (deletion pending,
+/// conflict).
+async fn found_existing<T>(
+    tx: sqlx::Transaction<'static, sqlx::Any>,
+    outcome: Outcome,
+    existing: T,
+    errors: impl FnOnce() -> (Error, Error),
+) -> Result<Created<T>> {
+    tx.rollback().await.map_err(db)?;
+    let (deletion_pending, conflict) = errors();
+    match outcome {
+        Outcome::DeletionPending => Err(deletion_pending),
+        Outcome::Retry => Ok(Created::Existing(existing)),
+        Outcome::Conflict => Err(conflict),
     }
 }
 
@@ -728,8 +734,7 @@ mod tests {
     /// local one), in a database of its own that `connect_postgres` creates.
     #[tokio::test]
     async fn postgres_passes_the_metadata_store_conformance_suite() {
-        let server = std::env::var("STREAMGATE_TEST_POSTGRES")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let server = streamgate_tests::backends::postgres_server();
         let name = format!("streamgate_test_{:016x}", rand::random::<u64>());
         let store = SqlMetadataStore::connect_postgres(&format!("{server}/{name}"))
             .await
