@@ -55,111 +55,143 @@ async fn export(engine: Engine, signal: Signal, request: Request) -> Response {
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
     let Some(encoding) = Encoding::from_content_type(content_type) else {
-        return failure(
-            Encoding::Json,
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            RpcCode::InvalidArgument,
-            format!("Content-Type `{content_type}` is not an OTLP encoding: send application/x-protobuf or application/json"),
-        );
-    };
-    let basin = match basin(&parts.headers, parts.uri.host()) {
-        Ok(basin) => basin,
-        Err(message) => {
-            return failure(
-                encoding,
-                StatusCode::BAD_REQUEST,
-                RpcCode::InvalidArgument,
-                message,
-            )
+        return Failure {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            code: RpcCode::InvalidArgument,
+            message: format!("Content-Type `{content_type}` is not an OTLP encoding: send application/x-protobuf or application/json"),
         }
+        .respond(Encoding::Json);
     };
+    match accept(&engine, signal, encoding, &parts, body).await {
+        Ok(response) => response,
+        Err(failure) => failure.respond(encoding),
+    }
+}
+
+/// Checks, parses and stores one export; a `Failure` is answered in the request's
+/// encoding.
+async fn accept(
+    engine: &Engine,
+    signal: Signal,
+    encoding: Encoding,
+    parts: &axum::http::request::Parts,
+    body: axum::body::Body,
+) -> Result<Response, Failure> {
+    let basin = basin(&parts.headers, parts.uri.host()).map_err(Failure::bad_request)?;
     let authorization = parts
         .headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let caller = match streamgate_core::access::bearer_token(authorization) {
-        Ok(token) => engine.authenticate(token).await,
-        Err(e) => Err(e),
-    };
-    let caller = match caller {
-        Ok(caller) => caller,
-        Err(e) => {
-            return failure(
-                encoding,
-                StatusCode::UNAUTHORIZED,
-                RpcCode::Unauthenticated,
-                e.to_string(),
-            )
-        }
-    };
-    let body = match axum::body::to_bytes(Body::new(body), MAX_REQUEST_BYTES).await {
-        Ok(body) => body,
-        Err(e) => {
-            return failure(
-                encoding,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                RpcCode::InvalidArgument,
-                format!("could not read the request body (at most {MAX_REQUEST_BYTES} bytes after decompression): {e}"),
-            )
-        }
-    };
+    let token = streamgate_core::access::bearer_token(authorization).map_err(Failure::from)?;
+    let caller = engine.authenticate(token).await.map_err(Failure::from)?;
+    let body = axum::body::to_bytes(Body::new(body), MAX_REQUEST_BYTES)
+        .await
+        .map_err(|e| Failure {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: RpcCode::InvalidArgument,
+            message: format!("could not read the request body (at most {MAX_REQUEST_BYTES} bytes after decompression): {e}"),
+        })?;
     let headers = export::record_headers(signal, encoding);
     let limit = export::record_body_limit(&headers);
-    let groups = match request::parse(signal, encoding, &body, limit) {
-        Ok(groups) => groups,
-        Err(message) => {
-            return failure(
-                encoding,
-                StatusCode::BAD_REQUEST,
-                RpcCode::InvalidArgument,
-                message,
-            )
-        }
-    };
-    match export::store(&caller, &basin, headers, groups).await {
-        Ok(outcome)
-            if outcome.accepted_groups == 0
-                && outcome.rejected_groups > 0
-                && outcome.denied_groups == outcome.rejected_groups =>
-        {
-            failure(
-                encoding,
-                StatusCode::FORBIDDEN,
-                RpcCode::PermissionDenied,
-                outcome.messages.join("; "),
-            )
-        }
-        Ok(outcome) if outcome.accepted_groups == 0 && outcome.rejected_groups > 0 => failure(
-            encoding,
-            StatusCode::BAD_REQUEST,
-            RpcCode::InvalidArgument,
-            format!(
-                "nothing in the request could be stored: {}",
-                outcome.messages.join("; ")
-            ),
-        ),
-        Ok(outcome) => success(signal, encoding, &outcome),
-        Err(ExportError::NotFound(message)) => {
-            failure(encoding, StatusCode::NOT_FOUND, RpcCode::NotFound, message)
-        }
-        Err(ExportError::Unauthenticated(message)) => failure(
-            encoding,
-            StatusCode::UNAUTHORIZED,
-            RpcCode::Unauthenticated,
+    let groups = request::parse(signal, encoding, &body, limit).map_err(Failure::bad_request)?;
+    let outcome = export::store(&caller, &basin, headers, groups)
+        .await
+        .map_err(Failure::from)?;
+    if outcome.accepted_groups == 0 && outcome.rejected_groups > 0 {
+        let reasons = outcome.messages.join("; ");
+        // Refused only for the token's scope: 403; otherwise the data itself: 400.
+        return Err(if outcome.denied_groups == outcome.rejected_groups {
+            Failure {
+                status: StatusCode::FORBIDDEN,
+                code: RpcCode::PermissionDenied,
+                message: reasons,
+            }
+        } else {
+            Failure::bad_request(format!("nothing in the request could be stored: {reasons}"))
+        });
+    }
+    Ok(success(signal, encoding, &outcome))
+}
+
+/// Why an export was refused as a whole: the HTTP status, and the `google.rpc.Status`
+/// the body carries.
+struct Failure {
+    status: StatusCode,
+    code: RpcCode,
+    message: String,
+}
+
+impl Failure {
+    fn bad_request(message: String) -> Failure {
+        Failure {
+            status: StatusCode::BAD_REQUEST,
+            code: RpcCode::InvalidArgument,
             message,
-        ),
-        Err(ExportError::Unavailable(message)) => {
-            tracing::debug!(%message, "OTLP export turned away for now");
-            let mut response = failure(
-                encoding,
-                StatusCode::SERVICE_UNAVAILABLE,
-                RpcCode::Unavailable,
-                message,
-            );
+        }
+    }
+
+    fn respond(self, encoding: Encoding) -> Response {
+        let body = match encoding {
+            Encoding::Protobuf => RpcStatus {
+                code: self.code as i32,
+                message: self.message,
+            }
+            .encode_to_vec(),
+            Encoding::Json => serde_json::to_vec(&serde_json::json!({
+                "code": self.code as i32,
+                "message": self.message,
+            }))
+            .expect("a JSON value always serializes"),
+        };
+        let mut response = (
+            self.status,
+            [(header::CONTENT_TYPE, encoding.media_type())],
+            body,
+        )
+            .into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            // Exporters retry 503s, after this long.
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-            response
+        }
+        response
+    }
+}
+
+impl From<streamgate_core::Error> for Failure {
+    /// Authentication failures (the rest reach `store`, which sorts them).
+    fn from(err: streamgate_core::Error) -> Failure {
+        let (status, code) = match err {
+            streamgate_core::Error::Unauthenticated(_) => {
+                (StatusCode::UNAUTHORIZED, RpcCode::Unauthenticated)
+            }
+            _ => (StatusCode::SERVICE_UNAVAILABLE, RpcCode::Unavailable),
+        };
+        Failure {
+            status,
+            code,
+            message: err.to_string(),
+        }
+    }
+}
+
+impl From<ExportError> for Failure {
+    fn from(err: ExportError) -> Failure {
+        let (status, code, message) = match err {
+            ExportError::NotFound(m) => (StatusCode::NOT_FOUND, RpcCode::NotFound, m),
+            ExportError::Unauthenticated(m) => {
+                (StatusCode::UNAUTHORIZED, RpcCode::Unauthenticated, m)
+            }
+            ExportError::Unavailable(m) => {
+                tracing::debug!(message = %m, "OTLP export turned away for now");
+                (StatusCode::SERVICE_UNAVAILABLE, RpcCode::Unavailable, m)
+            }
+        };
+        Failure {
+            status,
+            code,
+            message,
         }
     }
 }
@@ -234,25 +266,4 @@ struct RpcStatus {
     code: i32,
     #[prost(string, tag = "2")]
     message: String,
-}
-
-fn failure(encoding: Encoding, status: StatusCode, code: RpcCode, message: String) -> Response {
-    let body = match encoding {
-        Encoding::Protobuf => RpcStatus {
-            code: code as i32,
-            message,
-        }
-        .encode_to_vec(),
-        Encoding::Json => serde_json::to_vec(&serde_json::json!({
-            "code": code as i32,
-            "message": message,
-        }))
-        .expect("a JSON value always serializes"),
-    };
-    (
-        status,
-        [(header::CONTENT_TYPE, encoding.media_type())],
-        body,
-    )
-        .into_response()
 }
