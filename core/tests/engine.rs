@@ -15,6 +15,7 @@ use streamgate_core::storage::s3::{S3Location, S3ObjectStore};
 use streamgate_core::storage::sql::SqlMetadataStore;
 use streamgate_core::storage::ObjectStore;
 use streamgate_core::{Caller, Engine, EngineSettings, Error};
+use streamgate_tests::backends;
 
 /// An engine, used with full access (the root principal): authorization has its own
 /// tests. Derefs to the root `Caller`.
@@ -35,59 +36,29 @@ async fn open(dir: &Path) -> TestEngine {
     open_with(dir, EngineSettings::default()).await
 }
 
-/// The metadata store of a test's data directory: SQLite inside it, or, with
-/// `STREAMGATE_TEST_METADATA=postgres`, a PostgreSQL database of its own on the server
-/// `STREAMGATE_TEST_POSTGRES` names (the same database each time the test reopens it).
+/// The metadata store of a test's data directory: SQLite inside it, or PostgreSQL (see
+/// `streamgate_tests::backends`; the same database each time the test reopens it).
 async fn metadata_store(dir: &Path) -> SqlMetadataStore {
-    match std::env::var("STREAMGATE_TEST_METADATA").as_deref() {
-        Ok("postgres") => {
-            let server = std::env::var("STREAMGATE_TEST_POSTGRES")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
-            let name = format!("streamgate_test_{}", tag_of(dir).replace('-', "_"));
-            SqlMetadataStore::connect_postgres(&format!("{server}/{name}"))
-                .await
-                .unwrap()
-        }
-        Ok("sqlite") | Err(_) => SqlMetadataStore::open_sqlite(&dir.join("metadata.db"))
+    match backends::postgres_url(dir) {
+        Some(url) => SqlMetadataStore::connect_postgres(&url).await.unwrap(),
+        None => SqlMetadataStore::open_sqlite(&dir.join("metadata.db"))
             .await
             .unwrap(),
-        Ok(other) => panic!("STREAMGATE_TEST_METADATA={other}: use sqlite or postgres"),
     }
 }
 
-/// A short name unique to a test's data directory (and this test process), for the
-/// database or bucket that directory's engine keeps using across restarts.
-fn tag_of(dir: &Path) -> String {
-    let tag: String = dir
-        .to_string_lossy()
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .collect::<String>()
-        .to_ascii_lowercase();
-    format!(
-        "{}-{}",
-        std::process::id(),
-        &tag[tag.len().saturating_sub(16)..]
-    )
-}
-
-/// The object store of a test's data directory: a local directory inside it, or, with
-/// `STREAMGATE_TEST_OBJECTS=s3`, a bucket of its own on the S3 server
-/// `STREAMGATE_TEST_S3_ENDPOINT` names.
+/// The object store of a test's data directory: a local directory inside it, or an S3
+/// bucket of its own (see `streamgate_tests::backends`).
 async fn object_store(dir: &Path) -> Arc<dyn ObjectStore> {
-    match std::env::var("STREAMGATE_TEST_OBJECTS").as_deref() {
-        Ok("s3") => {
-            let endpoint = std::env::var("STREAMGATE_TEST_S3_ENDPOINT")
-                .expect("STREAMGATE_TEST_S3_ENDPOINT names the S3 server");
+    match backends::s3_url(dir) {
+        Some(url) => {
             let location = S3Location {
-                endpoint: Some(endpoint),
-                ..S3Location::parse(&format!("s3://streamgate-test-{}/wal-test", tag_of(dir)))
-                    .unwrap()
+                endpoint: Some(backends::s3_endpoint()),
+                ..S3Location::parse(&url).unwrap()
             };
             Arc::new(S3ObjectStore::connect(location).await.unwrap())
         }
-        Ok("local") | Err(_) => Arc::new(LocalDirObjectStore::open(dir.join("objects")).unwrap()),
-        Ok(other) => panic!("STREAMGATE_TEST_OBJECTS={other}: use local or s3"),
+        None => Arc::new(LocalDirObjectStore::open(dir.join("objects")).unwrap()),
     }
 }
 

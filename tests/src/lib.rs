@@ -8,52 +8,78 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// A short name unique to a server's data directory (and this test process), for the
-/// database or bucket the server keeps using across its restarts.
-fn tag_of(data_dir: &Path) -> String {
-    let tag: String = data_dir
-        .to_string_lossy()
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .collect::<String>()
-        .to_ascii_lowercase();
-    format!(
-        "{}-{}",
-        std::process::id(),
-        &tag[tag.len().saturating_sub(16)..]
-    )
+/// Which storage backends the suites run on, chosen by the environment (scripts/test.sh
+/// runs them once on the embedded default and once on PostgreSQL + S3). Each data
+/// directory gets a database and a bucket of its own, the same ones across restarts.
+pub mod backends {
+    use std::path::Path;
+
+    /// The PostgreSQL server of `STREAMGATE_TEST_POSTGRES` (default: the local one).
+    pub fn postgres_server() -> String {
+        std::env::var("STREAMGATE_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+    }
+
+    /// The S3 server of `STREAMGATE_TEST_S3_ENDPOINT` (scripts/test.sh starts moto).
+    pub fn s3_endpoint() -> String {
+        std::env::var("STREAMGATE_TEST_S3_ENDPOINT")
+            .expect("set STREAMGATE_TEST_S3_ENDPOINT to an S3 server (scripts/test.sh starts moto)")
+    }
+
+    /// A short name unique to a data directory and this test process.
+    fn tag_of(dir: &Path) -> String {
+        let tag: String = dir
+            .to_string_lossy()
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect::<String>()
+            .to_ascii_lowercase();
+        format!(
+            "{}-{}",
+            std::process::id(),
+            &tag[tag.len().saturating_sub(16)..]
+        )
+    }
+
+    /// The PostgreSQL database URL for `dir` under `STREAMGATE_TEST_METADATA=postgres`;
+    /// `None` for SQLite in the directory (the default).
+    pub fn postgres_url(dir: &Path) -> Option<String> {
+        match std::env::var("STREAMGATE_TEST_METADATA").as_deref() {
+            Ok("postgres") => Some(format!(
+                "{}/streamgate_test_{}",
+                postgres_server(),
+                tag_of(dir).replace('-', "_")
+            )),
+            Ok("sqlite") | Err(_) => None,
+            Ok(other) => panic!("STREAMGATE_TEST_METADATA={other}: use sqlite or postgres"),
+        }
+    }
+
+    /// The `s3://` URL of `dir`'s bucket under `STREAMGATE_TEST_OBJECTS=s3`; `None` for
+    /// a local directory (the default).
+    pub fn s3_url(dir: &Path) -> Option<String> {
+        match std::env::var("STREAMGATE_TEST_OBJECTS").as_deref() {
+            Ok("s3") => Some(format!("s3://streamgate-test-{}/records", tag_of(dir))),
+            Ok("local") | Err(_) => None,
+            Ok(other) => panic!("STREAMGATE_TEST_OBJECTS={other}: use local or s3"),
+        }
+    }
 }
 
-/// The storage flags of a test server: none (SQLite and a local directory in its data
-/// directory), or, with `STREAMGATE_TEST_METADATA=postgres`, a PostgreSQL database of
-/// its own on `STREAMGATE_TEST_POSTGRES`, and with `STREAMGATE_TEST_OBJECTS=s3`, a
-/// bucket of its own on the S3 server `STREAMGATE_TEST_S3_ENDPOINT`.
+/// The storage flags of a test server (see `backends`), unless its test sets its own.
 fn backend_args(data_dir: &Path, extra_args: &[String]) -> Vec<String> {
     let mut args = Vec::new();
     let given = |flag: &str| extra_args.iter().any(|a| a == flag);
-    match std::env::var("STREAMGATE_TEST_METADATA").as_deref() {
-        Ok("postgres") if !given("--metadata") => {
-            let server = std::env::var("STREAMGATE_TEST_POSTGRES")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
-            let name = format!("streamgate_test_{}", tag_of(data_dir).replace('-', "_"));
-            args.extend(["--metadata".into(), format!("{server}/{name}")]);
-        }
-        Ok("sqlite" | "postgres") | Err(_) => {}
-        Ok(other) => panic!("STREAMGATE_TEST_METADATA={other}: use sqlite or postgres"),
+    if let Some(url) = backends::postgres_url(data_dir).filter(|_| !given("--metadata")) {
+        args.extend(["--metadata".into(), url]);
     }
-    match std::env::var("STREAMGATE_TEST_OBJECTS").as_deref() {
-        Ok("s3") if !given("--objects") => {
-            let endpoint = std::env::var("STREAMGATE_TEST_S3_ENDPOINT")
-                .expect("STREAMGATE_TEST_S3_ENDPOINT names the S3 server");
-            args.extend([
-                "--objects".into(),
-                format!("s3://streamgate-test-{}/records", tag_of(data_dir)),
-                "--s3-endpoint".into(),
-                endpoint,
-            ]);
-        }
-        Ok("local" | "s3") | Err(_) => {}
-        Ok(other) => panic!("STREAMGATE_TEST_OBJECTS={other}: use local or s3"),
+    if let Some(url) = backends::s3_url(data_dir).filter(|_| !given("--objects")) {
+        args.extend([
+            "--objects".into(),
+            url,
+            "--s3-endpoint".into(),
+            backends::s3_endpoint(),
+        ]);
     }
     args
 }
@@ -281,6 +307,12 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// Sends a request and parses the JSON it answers with, whatever the status.
+pub async fn json_of(request: reqwest::RequestBuilder) -> serde_json::Value {
+    let response = request.send().await.expect("the server answers");
+    response.json().await.expect("a JSON answer")
 }
 
 /// Creates `basin` (if it does not exist yet) and each of `streams` in it, over REST.

@@ -8,8 +8,7 @@ use streamgate_tests::Server;
 /// its own, and every kind of metadata work goes on without a restart.
 #[tokio::test]
 async fn postgres_connections_killed_while_serving_are_reestablished() {
-    let server_url = std::env::var("STREAMGATE_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let server_url = streamgate_tests::backends::postgres_server();
     let database = format!("streamgate_test_fault_{}", std::process::id());
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_with(
@@ -35,15 +34,12 @@ async fn postgres_connections_killed_while_serving_are_reestablished() {
 
     // Metadata writes and reads, and token lookups, all succeed right away.
     streamgate_tests::create_streams(&endpoint, "fault-basin", &["after"]).await;
-    let listed: serde_json::Value = client
-        .get(format!("{endpoint}/v1/streams"))
-        .header("s2-basin", "fault-basin")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: serde_json::Value = streamgate_tests::json_of(
+        client
+            .get(format!("{endpoint}/v1/streams"))
+            .header("s2-basin", "fault-basin"),
+    )
+    .await;
     assert_eq!(listed["streams"].as_array().unwrap().len(), 2, "{listed}");
     let issued = client
         .post(format!("{endpoint}/v1/access-tokens"))
@@ -153,8 +149,7 @@ impl FaultProxy {
 /// order, and appends go on without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn object_store_faults_delay_appends_but_lose_nothing_acknowledged() {
-    let s3 = std::env::var("STREAMGATE_TEST_S3_ENDPOINT")
-        .expect("STREAMGATE_TEST_S3_ENDPOINT names the S3 server (scripts/test.sh starts moto)");
+    let s3 = streamgate_tests::backends::s3_endpoint();
     let proxy = FaultProxy::start(s3.trim_start_matches("http://").to_owned()).await;
     let dir = tempfile::tempdir().unwrap();
     let bucket = format!("streamgate-test-fault-{}", std::process::id());

@@ -262,9 +262,7 @@ mod tests {
     /// moto), in a bucket of its own.
     #[tokio::test]
     async fn passes_the_object_store_conformance_suite() {
-        let endpoint = std::env::var("STREAMGATE_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
-            panic!("set STREAMGATE_TEST_S3_ENDPOINT to an S3 server (scripts/test.sh starts moto)")
-        });
+        let endpoint = streamgate_tests::backends::s3_endpoint();
         let bucket = format!("streamgate-test-{:016x}", rand::random::<u64>());
         let store = S3ObjectStore::connect(S3Location {
             endpoint: Some(endpoint),
