@@ -532,13 +532,9 @@ async fn auto_prefixed_tokens_see_a_namespace_on_every_front_end() {
     );
 
     // The tenant lists its own streams without the prefix, and nothing else.
-    let listed: Value = as_tenant(anonymous().get(format!("{endpoint}/v1/streams")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed =
+        streamgate_tests::json_of(as_tenant(anonymous().get(format!("{endpoint}/v1/streams"))))
+            .await;
     let names: Vec<&str> = listed["streams"]
         .as_array()
         .unwrap()

@@ -540,15 +540,12 @@ async fn kill_9_in_the_middle_of_a_basin_deletion_finishes_it_after_restart() {
             .await
             .unwrap();
         assert_eq!(recreated.status(), 201, "the name is free again");
-        let streams: Value = client
-            .get(format!("{endpoint}/v1/streams"))
-            .header("s2-basin", basin)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let streams: Value = streamgate_tests::json_of(
+            client
+                .get(format!("{endpoint}/v1/streams"))
+                .header("s2-basin", basin),
+        )
+        .await;
         assert!(
             streams["streams"].as_array().unwrap().is_empty(),
             "no old stream survives"
@@ -571,14 +568,9 @@ async fn kill_9_in_the_middle_of_a_basin_deletion_finishes_it_after_restart() {
 /// Waits up to 10 s for a deleted basin to leave the listing; whether it did.
 async fn basin_gone(client: &Client, endpoint: &str, basin: &str) -> bool {
     for _ in 0..100 {
-        let listed: Value = client
-            .get(format!("{endpoint}/v1/basins?prefix={basin}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let listed: Value =
+            streamgate_tests::json_of(client.get(format!("{endpoint}/v1/basins?prefix={basin}")))
+                .await;
         if listed["basins"].as_array().unwrap().is_empty() {
             return true;
         }

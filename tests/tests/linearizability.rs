@@ -48,15 +48,12 @@ async fn append(client: &reqwest::Client, endpoint: &str, body: &str) -> Option<
 }
 
 async fn tail(client: &reqwest::Client, endpoint: &str) -> u64 {
-    let tail: Value = client
-        .get(format!("{endpoint}/v1/streams/log/records/tail"))
-        .header("s2-basin", BASIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let tail: Value = streamgate_tests::json_of(
+        client
+            .get(format!("{endpoint}/v1/streams/log/records/tail"))
+            .header("s2-basin", BASIN),
+    )
+    .await;
     tail["tail"]["seq_num"].as_u64().unwrap()
 }
 
