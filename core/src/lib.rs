@@ -13,6 +13,7 @@ pub mod error;
 pub mod names;
 pub mod read;
 pub mod record;
+pub mod segment;
 pub mod storage;
 mod stream;
 pub mod wal;

@@ -4,10 +4,13 @@
 use async_trait::async_trait;
 use time::OffsetDateTime;
 
+use std::collections::BTreeMap;
+
 use crate::access::AccessTokenInfo;
 use crate::config::{BasinConfig, StreamConfig};
 use crate::error::Result;
 use crate::names::{BasinName, StreamName};
+use crate::segment::{CompactionCommit, SegmentRecord, StreamCheckpoint};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct BasinRecord {
@@ -86,6 +89,8 @@ pub trait MetadataStore: Send + Sync + 'static {
     ) -> Result<ListPage<StreamRecord>>;
     async fn set_stream_config(&self, id: u64, config: &StreamConfig) -> Result<()>;
     async fn mark_stream_deleted(&self, id: u64, at: OffsetDateTime) -> Result<()>;
+    /// Forgets a stream, its checkpoint, and any segment rows left (their objects become
+    /// obsolete at once).
     async fn remove_stream(&self, id: u64) -> Result<()>;
     /// Every stream marked deleted, and every basin marked deleted, for the reaper.
     async fn pending_deletions(&self) -> Result<(Vec<StreamRecord>, Vec<BasinName>)>;
@@ -95,6 +100,42 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Returns a number greater than every number it returned before, durably: each
     /// process start takes one, and names its write-ahead log after it.
     async fn next_epoch(&self) -> Result<u64>;
+
+    /// Commits a compaction round atomically (see [`CompactionCommit`]). Segments of
+    /// streams that are gone or being deleted by now are not indexed: their objects are
+    /// recorded as obsolete instead. Obsolete objects may be deleted from `obsolete_after`.
+    async fn commit_compaction(
+        &self,
+        commit: &CompactionCommit,
+        obsolete_after: OffsetDateTime,
+    ) -> Result<()>;
+    /// Every stream's checkpoint, by stream id.
+    async fn stream_checkpoints(&self) -> Result<BTreeMap<u64, StreamCheckpoint>>;
+    /// Per epoch, the number of the first WAL chunk that is not compacted.
+    async fn wal_watermarks(&self) -> Result<BTreeMap<u64, u64>>;
+    /// The first segment of a stream that holds records at or after `seq_num`.
+    async fn segment_at(&self, stream_id: u64, seq_num: u64) -> Result<Option<SegmentRecord>>;
+    /// The first segment of a stream whose last timestamp is at least `timestamp`.
+    async fn segment_at_timestamp(
+        &self,
+        stream_id: u64,
+        timestamp: u64,
+    ) -> Result<Option<SegmentRecord>>;
+    /// Removes up to `limit` of a stream's oldest segments that lie wholly below
+    /// `trim_point` or end before `expired_before` (a timestamp), recording their objects
+    /// as obsolete from `obsolete_after`; how many it removed.
+    async fn drop_segments(
+        &self,
+        stream_id: u64,
+        trim_point: u64,
+        expired_before: u64,
+        limit: usize,
+        obsolete_after: OffsetDateTime,
+    ) -> Result<usize>;
+    /// Up to `limit` obsolete object keys that may be deleted at `now`.
+    async fn obsolete_objects(&self, now: OffsetDateTime, limit: usize) -> Result<Vec<String>>;
+    /// Forgets obsolete objects once they are deleted.
+    async fn forget_obsolete_objects(&self, keys: &[String]) -> Result<()>;
 
     /// Stores a new token with the digest of its secret; `AlreadyExists` if the id is
     /// taken. With `replace`, an existing token of that id is overwritten instead (how
@@ -263,6 +304,11 @@ pub(crate) async fn conformance(store: &dyn MetadataStore) {
     assert!(store.get_basin(&one).await.unwrap().is_none());
     store.create_basin(basin("basin-one", None)).await.unwrap();
 
+    let Created::New(fresh) = store.create_stream(stream("segmented")).await.unwrap() else {
+        panic!("expected a new stream")
+    };
+    segments_conformance(store, fresh.id).await;
+
     let first = store.next_epoch().await.unwrap();
     assert!(store.next_epoch().await.unwrap() > first);
 
@@ -329,4 +375,163 @@ pub(crate) async fn conformance(store: &dyn MetadataStore) {
         .await
         .unwrap()
         .is_none());
+}
+
+/// Segments, checkpoints, watermarks and obsolete objects; `live` is a live stream's id.
+#[cfg(test)]
+async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
+    use crate::segment::{segment_key, SegmentEntry};
+    use crate::wal::EntrySpan;
+
+    let now = OffsetDateTime::now_utc();
+    let segment = |stream_id: u64, start: u64, end: u64, last_timestamp: u64| SegmentRecord {
+        stream_id,
+        key: segment_key(stream_id, start),
+        entries: vec![
+            SegmentEntry {
+                start_seq: start,
+                end_seq: start + 1,
+                last_timestamp: last_timestamp - 1,
+                span: EntrySpan { offset: 8, len: 30 },
+            },
+            SegmentEntry {
+                start_seq: start + 1,
+                end_seq: end,
+                last_timestamp,
+                span: EntrySpan {
+                    offset: 38,
+                    len: 50,
+                },
+            },
+        ],
+    };
+    let checkpoint = |next_seq: u64| StreamCheckpoint {
+        next_seq,
+        last_timestamp: u64::MAX - 1, // restored exactly, even beyond i64
+        fencing_token: "fence".into(),
+        trim_point: 3,
+    };
+    let gone = 999_999; // no such stream: its segment must not be indexed
+    let commit = CompactionCommit {
+        segments: vec![
+            segment(live, 0, 10, 100),
+            segment(live, 10, 20, 200),
+            segment(live, 20, 30, 300),
+            segment(gone, 0, 5, 100),
+        ],
+        checkpoints: vec![(live, checkpoint(30)), (gone, checkpoint(5))],
+        wal_watermarks: vec![(1, 4), (2, 7)],
+        obsolete_objects: vec!["wal/1/0".into(), "wal/1/1".into()],
+    };
+    store.commit_compaction(&commit, now).await.unwrap();
+    let checkpoints = store.stream_checkpoints().await.unwrap();
+    assert_eq!(checkpoints.len(), 1);
+    assert_eq!(checkpoints[&live], checkpoint(30));
+    let watermarks = store.wal_watermarks().await.unwrap();
+    assert_eq!(watermarks.into_iter().collect::<Vec<_>>(), [(1, 4), (2, 7)]);
+    store
+        .commit_compaction(
+            &CompactionCommit {
+                wal_watermarks: vec![(2, 9)],
+                ..Default::default()
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.wal_watermarks().await.unwrap()[&2], 9);
+
+    // Lookups by sequence number and by timestamp find the segment holding it.
+    assert_eq!(
+        store.segment_at(live, 0).await.unwrap(),
+        Some(segment(live, 0, 10, 100))
+    );
+    assert_eq!(
+        store
+            .segment_at(live, 15)
+            .await
+            .unwrap()
+            .unwrap()
+            .start_seq(),
+        10
+    );
+    assert!(store.segment_at(live, 30).await.unwrap().is_none());
+    assert_eq!(
+        store
+            .segment_at_timestamp(live, 101)
+            .await
+            .unwrap()
+            .unwrap()
+            .start_seq(),
+        10
+    );
+    assert!(store
+        .segment_at_timestamp(live, 301)
+        .await
+        .unwrap()
+        .is_none());
+
+    // The orphan segment and the compacted chunks are obsolete, deletable from `now`.
+    let earlier = now - time::Duration::seconds(1);
+    assert!(store
+        .obsolete_objects(earlier, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let mut obsolete = store.obsolete_objects(now, 10).await.unwrap();
+    obsolete.sort();
+    assert_eq!(
+        obsolete,
+        [
+            "segments/00000000000000999999/00000000000000000000",
+            "wal/1/0",
+            "wal/1/1"
+        ]
+    );
+
+    // Dropping by trim point and by age removes a prefix, in bounded steps.
+    assert_eq!(store.drop_segments(live, 9, 0, 10, now).await.unwrap(), 0);
+    assert_eq!(store.drop_segments(live, 25, 0, 10, now).await.unwrap(), 2);
+    assert_eq!(
+        store
+            .segment_at(live, 0)
+            .await
+            .unwrap()
+            .unwrap()
+            .start_seq(),
+        20
+    );
+    assert_eq!(store.drop_segments(live, 0, 301, 10, now).await.unwrap(), 1);
+    assert!(store.segment_at(live, 0).await.unwrap().is_none());
+    let obsolete = store.obsolete_objects(now, 10).await.unwrap();
+    assert_eq!(obsolete.len(), 6);
+    store.forget_obsolete_objects(&obsolete[..4]).await.unwrap();
+    assert_eq!(
+        store.obsolete_objects(now, 10).await.unwrap(),
+        obsolete[4..]
+    );
+    store.forget_obsolete_objects(&obsolete[4..]).await.unwrap();
+
+    // Removing a stream retires what is left of it.
+    store
+        .commit_compaction(
+            &CompactionCommit {
+                segments: vec![segment(live, 30, 40, 400)],
+                checkpoints: vec![(live, checkpoint(40))],
+                ..Default::default()
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    store.remove_stream(live).await.unwrap();
+    assert!(store.segment_at(live, 0).await.unwrap().is_none());
+    assert!(store.stream_checkpoints().await.unwrap().is_empty());
+    assert_eq!(
+        store
+            .obsolete_objects(OffsetDateTime::now_utc(), 10)
+            .await
+            .unwrap(),
+        [segment_key(live, 30)]
+    );
 }

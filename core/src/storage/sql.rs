@@ -3,6 +3,7 @@
 //! loss) and PostgreSQL (shared by every node). The queries are the same; only the table
 //! definitions and how a write transaction takes the write lock differ (`Dialect`).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use async_trait::async_trait;
@@ -14,6 +15,7 @@ use super::metadata::{BasinRecord, Created, ListPage, ListRange, MetadataStore, 
 use crate::access::AccessTokenInfo;
 use crate::error::{Error, Result};
 use crate::names::{BasinName, StreamName};
+use crate::segment::{CompactionCommit, SegmentRecord, StreamCheckpoint};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dialect {
@@ -96,6 +98,64 @@ CREATE TABLE access_tokens (
     id            TEXT COLLATE "C" PRIMARY KEY,
     secret_digest BYTEA NOT NULL UNIQUE,
     info          TEXT NOT NULL
+);
+"#,
+    },
+    Migration {
+        sqlite: r#"
+CREATE TABLE segments (
+    stream_id      INTEGER NOT NULL,
+    start_seq      INTEGER NOT NULL,
+    end_seq        INTEGER NOT NULL,
+    last_timestamp INTEGER NOT NULL,
+    object_key     TEXT NOT NULL,
+    entries        BLOB NOT NULL,
+    PRIMARY KEY (stream_id, start_seq)
+);
+CREATE INDEX segments_by_end ON segments (stream_id, end_seq);
+CREATE INDEX segments_by_timestamp ON segments (stream_id, last_timestamp, end_seq);
+CREATE TABLE stream_checkpoints (
+    stream_id      INTEGER PRIMARY KEY,
+    next_seq       INTEGER NOT NULL,
+    last_timestamp INTEGER NOT NULL,
+    fencing_token  TEXT NOT NULL,
+    trim_point     INTEGER NOT NULL
+);
+CREATE TABLE wal_watermarks (
+    epoch      INTEGER PRIMARY KEY,
+    next_chunk INTEGER NOT NULL
+);
+CREATE TABLE obsolete_objects (
+    object_key      TEXT PRIMARY KEY,
+    deletable_at_ms INTEGER NOT NULL
+);
+"#,
+        postgres: r#"
+CREATE TABLE segments (
+    stream_id      BIGINT NOT NULL,
+    start_seq      BIGINT NOT NULL,
+    end_seq        BIGINT NOT NULL,
+    last_timestamp BIGINT NOT NULL,
+    object_key     TEXT NOT NULL,
+    entries        BYTEA NOT NULL,
+    PRIMARY KEY (stream_id, start_seq)
+);
+CREATE INDEX segments_by_end ON segments (stream_id, end_seq);
+CREATE INDEX segments_by_timestamp ON segments (stream_id, last_timestamp, end_seq);
+CREATE TABLE stream_checkpoints (
+    stream_id      BIGINT PRIMARY KEY,
+    next_seq       BIGINT NOT NULL,
+    last_timestamp BIGINT NOT NULL,
+    fencing_token  TEXT NOT NULL,
+    trim_point     BIGINT NOT NULL
+);
+CREATE TABLE wal_watermarks (
+    epoch      BIGINT PRIMARY KEY,
+    next_chunk BIGINT NOT NULL
+);
+CREATE TABLE obsolete_objects (
+    object_key      TEXT COLLATE "C" PRIMARY KEY,
+    deletable_at_ms BIGINT NOT NULL
 );
 "#,
     },
@@ -305,6 +365,74 @@ fn to_ms(t: OffsetDateTime) -> i64 {
 fn from_ms(ms: i64) -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
         .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+}
+
+/// A sequence number or timestamp as a column value. Columns are signed 64-bit; the
+/// few timestamps beyond (uncapped client timestamps) saturate, which keeps the order
+/// the queries rely on. Exact values live in the segment's entry table.
+fn column(value: u64) -> i64 {
+    value.min(i64::MAX as u64) as i64
+}
+
+fn segment_from_row(row: &AnyRow) -> Result<SegmentRecord> {
+    let key: String = row.get("object_key");
+    let entries = SegmentRecord::decode_entries(&key, row.get::<&[u8], _>("entries"))?;
+    Ok(SegmentRecord {
+        stream_id: row.get::<i64, _>("stream_id") as u64,
+        key,
+        entries,
+    })
+}
+
+const SEGMENT_COLUMNS: &str = "stream_id, object_key, entries";
+
+/// Records objects as obsolete (deletable from `after`) inside a transaction: by key, or
+/// every object a `SELECT object_key ...` query returns.
+async fn mark_obsolete(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    keys: &[String],
+    after: OffsetDateTime,
+) -> Result<()> {
+    for key in keys {
+        sqlx::query(
+            "INSERT INTO obsolete_objects (object_key, deletable_at_ms) VALUES ($1, $2) \
+             ON CONFLICT (object_key) DO NOTHING",
+        )
+        .bind(key)
+        .bind(to_ms(after))
+        .execute(&mut **tx)
+        .await
+        .map_err(db)?;
+    }
+    Ok(())
+}
+
+/// Moves a stream's segment rows that start at or below `through_start` into the
+/// obsolete objects, inside a transaction.
+async fn retire_segments(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    stream_id: u64,
+    through_start: i64,
+    after: OffsetDateTime,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO obsolete_objects (object_key, deletable_at_ms) \
+         SELECT object_key, $3 FROM segments WHERE stream_id = $1 AND start_seq <= $2 \
+         ON CONFLICT (object_key) DO NOTHING",
+    )
+    .bind(stream_id as i64)
+    .bind(through_start)
+    .bind(to_ms(after))
+    .execute(&mut **tx)
+    .await
+    .map_err(db)?;
+    sqlx::query("DELETE FROM segments WHERE stream_id = $1 AND start_seq <= $2")
+        .bind(stream_id as i64)
+        .bind(through_start)
+        .execute(&mut **tx)
+        .await
+        .map_err(db)?;
+    Ok(())
 }
 
 fn json<T: serde::Serialize>(value: &T) -> String {
@@ -562,12 +690,16 @@ impl MetadataStore for SqlMetadataStore {
     }
 
     async fn remove_stream(&self, id: u64) -> Result<()> {
-        sqlx::query("DELETE FROM streams WHERE id = $1")
-            .bind(id as i64)
-            .execute(&self.pool)
-            .await
-            .map_err(db)?;
-        Ok(())
+        let mut tx = self.write_transaction().await?;
+        retire_segments(&mut tx, id, i64::MAX, OffsetDateTime::now_utc()).await?;
+        for table in ["stream_checkpoints WHERE stream_id", "streams WHERE id"] {
+            sqlx::query(&format!("DELETE FROM {table} = $1"))
+                .bind(id as i64)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+        }
+        tx.commit().await.map_err(db)
     }
 
     async fn pending_deletions(&self) -> Result<(Vec<StreamRecord>, Vec<BasinName>)> {
@@ -612,6 +744,197 @@ impl MetadataStore for SqlMetadataStore {
         .await
         .map_err(db)?;
         Ok(epoch as u64)
+    }
+
+    async fn commit_compaction(
+        &self,
+        commit: &CompactionCommit,
+        obsolete_after: OffsetDateTime,
+    ) -> Result<()> {
+        let mut tx = self.write_transaction().await?;
+        let mut live = std::collections::HashMap::new();
+        let ids = commit.segments.iter().map(|s| s.stream_id);
+        for id in ids.chain(commit.checkpoints.iter().map(|(id, _)| *id)) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = live.entry(id) {
+                let found =
+                    sqlx::query("SELECT 1 FROM streams WHERE id = $1 AND deleted_at_ms IS NULL")
+                        .bind(id as i64)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                slot.insert(found.is_some());
+            }
+        }
+        let mut orphans = Vec::new();
+        for segment in &commit.segments {
+            if !live[&segment.stream_id] {
+                orphans.push(segment.key.clone());
+                continue;
+            }
+            sqlx::query(
+                "INSERT INTO segments (stream_id, start_seq, end_seq, last_timestamp, object_key, entries) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(segment.stream_id as i64)
+            .bind(column(segment.start_seq()))
+            .bind(column(segment.end_seq()))
+            .bind(column(segment.last_timestamp()))
+            .bind(&segment.key)
+            .bind(segment.encode_entries())
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        }
+        for (id, checkpoint) in commit.checkpoints.iter().filter(|(id, _)| live[id]) {
+            sqlx::query(
+                "INSERT INTO stream_checkpoints (stream_id, next_seq, last_timestamp, fencing_token, trim_point) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (stream_id) DO UPDATE SET \
+                 next_seq = excluded.next_seq, last_timestamp = excluded.last_timestamp, \
+                 fencing_token = excluded.fencing_token, trim_point = excluded.trim_point",
+            )
+            .bind(*id as i64)
+            // Stored bit for bit (never compared in a query), so restored exactly.
+            .bind(checkpoint.next_seq as i64)
+            .bind(checkpoint.last_timestamp as i64)
+            .bind(&checkpoint.fencing_token)
+            .bind(checkpoint.trim_point as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        }
+        for (epoch, next_chunk) in &commit.wal_watermarks {
+            sqlx::query(
+                "INSERT INTO wal_watermarks (epoch, next_chunk) VALUES ($1, $2) \
+                 ON CONFLICT (epoch) DO UPDATE SET next_chunk = excluded.next_chunk",
+            )
+            .bind(*epoch as i64)
+            .bind(*next_chunk as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        }
+        mark_obsolete(&mut tx, &orphans, obsolete_after).await?;
+        mark_obsolete(&mut tx, &commit.obsolete_objects, obsolete_after).await?;
+        tx.commit().await.map_err(db)
+    }
+
+    async fn stream_checkpoints(&self) -> Result<BTreeMap<u64, StreamCheckpoint>> {
+        let rows = sqlx::query(
+            "SELECT stream_id, next_seq, last_timestamp, fencing_token, trim_point FROM stream_checkpoints",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let checkpoint = StreamCheckpoint {
+                    next_seq: row.get::<i64, _>("next_seq") as u64,
+                    last_timestamp: row.get::<i64, _>("last_timestamp") as u64,
+                    fencing_token: row.get("fencing_token"),
+                    trim_point: row.get::<i64, _>("trim_point") as u64,
+                };
+                (row.get::<i64, _>("stream_id") as u64, checkpoint)
+            })
+            .collect())
+    }
+
+    async fn wal_watermarks(&self) -> Result<BTreeMap<u64, u64>> {
+        let rows: Vec<(i64, i64)> = sqlx::query_as("SELECT epoch, next_chunk FROM wal_watermarks")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(rows
+            .into_iter()
+            .map(|(epoch, next)| (epoch as u64, next as u64))
+            .collect())
+    }
+
+    async fn segment_at(&self, stream_id: u64, seq_num: u64) -> Result<Option<SegmentRecord>> {
+        sqlx::query(&format!(
+            "SELECT {SEGMENT_COLUMNS} FROM segments WHERE stream_id = $1 AND end_seq > $2 \
+             ORDER BY end_seq LIMIT 1"
+        ))
+        .bind(stream_id as i64)
+        .bind(column(seq_num))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db)?
+        .as_ref()
+        .map(segment_from_row)
+        .transpose()
+    }
+
+    async fn segment_at_timestamp(
+        &self,
+        stream_id: u64,
+        timestamp: u64,
+    ) -> Result<Option<SegmentRecord>> {
+        sqlx::query(&format!(
+            "SELECT {SEGMENT_COLUMNS} FROM segments WHERE stream_id = $1 AND last_timestamp >= $2 \
+             ORDER BY last_timestamp, end_seq LIMIT 1"
+        ))
+        .bind(stream_id as i64)
+        .bind(column(timestamp))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db)?
+        .as_ref()
+        .map(segment_from_row)
+        .transpose()
+    }
+
+    async fn drop_segments(
+        &self,
+        stream_id: u64,
+        trim_point: u64,
+        expired_before: u64,
+        limit: usize,
+        obsolete_after: OffsetDateTime,
+    ) -> Result<usize> {
+        let mut tx = self.write_transaction().await?;
+        // Both conditions select a prefix of the stream's segments (timestamps never go
+        // backwards), so the selection ends at the last start it returns.
+        let starts: Vec<i64> = sqlx::query_scalar(
+            "SELECT start_seq FROM segments WHERE stream_id = $1 \
+             AND (end_seq <= $2 OR last_timestamp < $3) ORDER BY end_seq LIMIT $4",
+        )
+        .bind(stream_id as i64)
+        .bind(column(trim_point))
+        .bind(column(expired_before))
+        .bind(limit as i64)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db)?;
+        if let Some(last) = starts.last() {
+            retire_segments(&mut tx, stream_id, *last, obsolete_after).await?;
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(starts.len())
+    }
+
+    async fn obsolete_objects(&self, now: OffsetDateTime, limit: usize) -> Result<Vec<String>> {
+        sqlx::query_scalar(
+            "SELECT object_key FROM obsolete_objects WHERE deletable_at_ms <= $1 \
+             ORDER BY deletable_at_ms, object_key LIMIT $2",
+        )
+        .bind(to_ms(now))
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)
+    }
+
+    async fn forget_obsolete_objects(&self, keys: &[String]) -> Result<()> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        for key in keys {
+            sqlx::query("DELETE FROM obsolete_objects WHERE object_key = $1")
+                .bind(key)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+        }
+        tx.commit().await.map_err(db)
     }
 
     async fn put_access_token(
