@@ -12,16 +12,18 @@ use tokio::task::JoinHandle;
 use crate::access::{Principal, TokenRegistry};
 use crate::cache::ChunkCache;
 use crate::caller::Caller;
+use crate::compaction::{CompactionState, CompactionStats, Compactor, EpochLog};
 use crate::config::{
     BasinConfig, BasinReconfiguration, StorageClass, StreamConfig, StreamReconfiguration,
 };
 use crate::error::{Error, Result};
+use crate::lifecycle::EmptySince;
 use crate::names::{BasinName, StreamName};
 use crate::read::{ReadBatch, ReadRequest, ReadStart, StreamReader, MAX_UNARY_WAIT};
-use crate::record::{AppendAck, AppendInput, Command, SequencedRecord, StreamPosition};
+use crate::record::{AppendAck, AppendInput, SequencedRecord, StreamPosition};
 use crate::storage::metadata::{Created, ListRange};
 use crate::storage::{BasinRecord, ListPage, MetadataStore, ObjectStore, StreamRecord};
-use crate::stream::{BatchLocation, CommandEffects, SequencerState, StreamState};
+use crate::stream::{BatchLocation, SequencerState, Stored, StreamState};
 use crate::wal::{decode_chunk, decode_entry, parse_chunk_key};
 use crate::wal_writer::{FlushSettings, PendingAppend, Poison, WalWriter};
 
@@ -35,6 +37,11 @@ pub struct EngineSettings {
     /// Bytes of appends accepted but not yet durable, across all streams; past this,
     /// appends wait (and sessions stop reading), instead of buffering without bound.
     pub max_inflight_bytes: usize,
+    /// How often WAL chunks are compacted into per-stream segments. Longer means fewer,
+    /// larger segment objects (fewer requests) and more WAL kept and replayed at start.
+    pub compaction_interval: Duration,
+    /// Memory for segments, which serve reads of history.
+    pub segment_cache_bytes: usize,
     /// The one location this server offers.
     pub location: String,
     /// Storage class of streams that do not choose one.
@@ -48,6 +55,8 @@ impl Default for EngineSettings {
             cache_bytes: 256 * 1024 * 1024,
             reap_interval: Duration::from_secs(5),
             max_inflight_bytes: 256 * 1024 * 1024,
+            compaction_interval: Duration::from_secs(30),
+            segment_cache_bytes: 256 * 1024 * 1024,
             location: "local".into(),
             default_storage_class: StorageClass::Express,
         }
@@ -74,13 +83,17 @@ struct Inner {
     tokens: TokenRegistry,
     objects: Arc<dyn ObjectStore>,
     cache: Arc<ChunkCache>,
+    segment_cache: ChunkCache,
+    compactor: Compactor,
     settings: EngineSettings,
     epoch: u64,
     /// Live streams by name. Every live stream is here from start-up on.
     streams: RwLock<HashMap<StreamKey, Arc<StreamState>>>,
     wal: RwLock<Option<mpsc::Sender<PendingAppend>>>,
     wal_task: Mutex<Option<JoinHandle<()>>>,
-    reaper: Mutex<Option<JoinHandle<()>>>,
+    /// Compaction and lifecycle work.
+    background: Mutex<Vec<JoinHandle<()>>>,
+    empty_since: EmptySince,
     poison: Poison,
     draining: AtomicBool,
     /// The in-flight byte budget, in KiB permits.
@@ -121,34 +134,116 @@ impl Engine {
     ) -> Result<Engine> {
         let settings_inflight_kib = settings.max_inflight_bytes / 1024;
         let epoch = metadata.next_epoch().await?;
-        let streams = recover(metadata.as_ref(), objects.as_ref()).await?;
+        let (streams, compaction) = recover(metadata.as_ref(), objects.as_ref()).await?;
         let cache = Arc::new(ChunkCache::new(settings.cache_bytes));
         let poison: Poison = Arc::new(OnceLock::new());
-        let (wal_tx, wal_task) = WalWriter::spawn(
+        let writer = WalWriter::spawn(
             objects.clone(),
             cache.clone(),
             settings.flush,
             epoch,
             poison.clone(),
         );
+        let compactor = Compactor::new(
+            metadata.clone(),
+            objects.clone(),
+            cache.clone(),
+            epoch,
+            writer.released,
+            settings.compaction_interval,
+            compaction,
+        );
         let inner = Arc::new(Inner {
             tokens: TokenRegistry::new(metadata.clone()),
             metadata,
             objects,
             cache,
+            segment_cache: ChunkCache::new(settings.segment_cache_bytes),
+            compactor,
             settings,
             epoch,
             streams: RwLock::new(streams),
-            wal: RwLock::new(Some(wal_tx)),
-            wal_task: Mutex::new(Some(wal_task)),
-            reaper: Mutex::new(None),
+            wal: RwLock::new(Some(writer.appends)),
+            wal_task: Mutex::new(Some(writer.task)),
+            background: Mutex::new(Vec::new()),
+            empty_since: EmptySince::default(),
             inflight: Arc::new(tokio::sync::Semaphore::new((settings_inflight_kib).max(1))),
             poison,
             draining: AtomicBool::new(false),
         });
-        let reaper = tokio::spawn(reap_deletions(Arc::downgrade(&inner)));
-        *inner.reaper.lock().unwrap() = Some(reaper);
-        Ok(Engine { inner })
+        let engine = Engine { inner };
+        let background = vec![
+            engine.every(engine.inner.settings.compaction_interval, |engine| {
+                Box::pin(async move { engine.compact().await.map(|_| ()) })
+            }),
+            engine.every(engine.inner.settings.reap_interval, |engine| {
+                Box::pin(async move { engine.run_lifecycle().await })
+            }),
+        ];
+        *engine.inner.background.lock().unwrap() = background;
+        Ok(engine)
+    }
+
+    /// Runs `work` every `interval` until the engine is dropped; failures are logged and
+    /// retried at the next tick.
+    fn every(
+        &self,
+        interval: Duration,
+        work: fn(Engine) -> futures::future::BoxFuture<'static, Result<()>>,
+    ) -> JoinHandle<()> {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(inner) = weak.upgrade() else { return };
+                if let Err(err) = work(Engine { inner }).await {
+                    tracing::warn!(error = %err, "background storage work failed; will retry");
+                }
+            }
+        })
+    }
+
+    /// Compacts every WAL chunk released so far into segments (the background task does
+    /// this every `compaction_interval`); what the rounds did, summed.
+    pub async fn compact(&self) -> Result<CompactionStats> {
+        let mut total = CompactionStats::default();
+        loop {
+            let round = self
+                .inner
+                .compactor
+                .run_round(|| {
+                    let streams = self.inner.streams.read().unwrap();
+                    streams.values().map(|s| (s.id, s.clone())).collect()
+                })
+                .await?;
+            if round.chunks == 0 {
+                return Ok(total);
+            }
+            total.chunks += round.chunks;
+            total.segments += round.segments;
+            total.bytes += round.bytes;
+        }
+    }
+
+    pub(crate) fn metadata(&self) -> &dyn MetadataStore {
+        self.inner.metadata.as_ref()
+    }
+
+    pub(crate) fn empty_since(&self) -> &EmptySince {
+        &self.inner.empty_since
+    }
+
+    pub(crate) fn objects(&self) -> &dyn ObjectStore {
+        self.inner.objects.as_ref()
+    }
+
+    /// The live streams with their basins.
+    pub(crate) fn live_streams(&self) -> Vec<(BasinName, Arc<StreamState>)> {
+        let streams = self.inner.streams.read().unwrap();
+        streams
+            .iter()
+            .map(|((basin, _), state)| (basin.clone(), state.clone()))
+            .collect()
     }
 
     /// The access tokens this server honours.
@@ -189,8 +284,8 @@ impl Engine {
         if let Some(task) = task {
             let _ = task.await;
         }
-        if let Some(reaper) = self.inner.reaper.lock().unwrap().take() {
-            reaper.abort();
+        for task in self.inner.background.lock().unwrap().drain(..) {
+            task.abort();
         }
     }
 
@@ -350,6 +445,7 @@ impl Engine {
                 record.name.clone(),
                 record.config,
                 SequencerState::default(),
+                StreamPosition::default(),
                 Vec::new(),
             );
             if let Some(stale) = streams.insert(key, fresh) {
@@ -695,19 +791,116 @@ impl Engine {
         }
     }
 
-    /// The records of one durable batch, from the cache or the object store.
+    /// The records of one durable batch: from a cached WAL chunk or a range of it, or
+    /// from its segment, which is fetched whole and cached (a read of history goes on to
+    /// the next batches of the same segment). A segment that is gone was trimmed, expired
+    /// or deleted meanwhile, so its records are no longer readable: none are returned.
     pub(crate) async fn load(&self, location: &BatchLocation) -> Result<Vec<SequencedRecord>> {
         let span = location.span;
-        let bytes = match self.inner.cache.get(&location.chunk) {
-            Some(chunk) => chunk.slice(span.offset as usize..(span.offset + span.len) as usize),
-            None => {
-                self.inner
-                    .objects
-                    .get_range(&location.chunk, span.offset..span.offset + span.len)
-                    .await?
-            }
+        let range = span.offset as usize..(span.offset + span.len) as usize;
+        let key = &location.object;
+        let bytes = match location.stored {
+            Stored::WalChunk => match self.inner.cache.get(key) {
+                Some(chunk) => chunk.slice(range),
+                None => {
+                    self.inner
+                        .objects
+                        .get_range(key, span.offset..span.offset + span.len)
+                        .await?
+                }
+            },
+            Stored::Segment => match self.inner.segment_cache.get(key) {
+                Some(segment) => segment.slice(range),
+                None => match self.inner.objects.get(key).await? {
+                    Some(segment) if segment.len() >= range.end => {
+                        self.inner
+                            .segment_cache
+                            .insert(key.clone(), segment.clone());
+                        segment.slice(range)
+                    }
+                    Some(_) => {
+                        return Err(Error::storage(format!(
+                            "segment `{key}` is shorter than its index says"
+                        )))
+                    }
+                    None => return Ok(Vec::new()),
+                },
+            },
         };
-        Ok(decode_entry(&location.chunk, bytes)?.1)
+        Ok(decode_entry(key, bytes)?.1)
+    }
+
+    /// Where the batches of a stream from `from` up to `until` (the end of its compacted
+    /// records) lie in segments, enough of them to hold `max_count` records. Batches that
+    /// were trimmed or expired are not there: the first one returned may start later.
+    pub(crate) async fn segment_locations(
+        &self,
+        stream_id: u64,
+        mut from: u64,
+        until: u64,
+        max_count: u64,
+    ) -> Result<Vec<BatchLocation>> {
+        let mut locations = Vec::new();
+        let mut covered = 0u64;
+        while from < until && covered < max_count {
+            let Some(segment) = self.inner.metadata.segment_at(stream_id, from).await? else {
+                break;
+            };
+            let key: Arc<str> = segment.key.as_str().into();
+            for entry in segment.entries.iter().filter(|e| e.end_seq > from) {
+                if covered >= max_count {
+                    break;
+                }
+                covered += entry.end_seq - entry.start_seq.max(from);
+                locations.push(BatchLocation {
+                    start_seq: entry.start_seq,
+                    end_seq: entry.end_seq,
+                    last_timestamp: entry.last_timestamp,
+                    object: key.clone(),
+                    stored: Stored::Segment,
+                    span: entry.span,
+                });
+            }
+            from = segment.end_seq();
+        }
+        Ok(locations)
+    }
+
+    /// The sequence number of a stream's first record with a timestamp of at least
+    /// `timestamp` among its segments, if they hold one.
+    pub(crate) async fn seq_at_timestamp_in_segments(
+        &self,
+        stream_id: u64,
+        timestamp: u64,
+    ) -> Result<Option<u64>> {
+        let Some(segment) = self
+            .inner
+            .metadata
+            .segment_at_timestamp(stream_id, timestamp)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let Some(entry) = segment
+            .entries
+            .iter()
+            .find(|e| e.last_timestamp >= timestamp)
+        else {
+            return Ok(None);
+        };
+        let location = BatchLocation {
+            start_seq: entry.start_seq,
+            end_seq: entry.end_seq,
+            last_timestamp: entry.last_timestamp,
+            object: segment.key.as_str().into(),
+            stored: Stored::Segment,
+            span: entry.span,
+        };
+        let records = self.load(&location).await?;
+        Ok(records
+            .iter()
+            .find(|r| r.timestamp >= timestamp)
+            .map(|r| r.seq_num))
     }
 }
 
@@ -739,17 +932,24 @@ enum AutoCreate {
 /// with more after it is corruption, not a crash.
 pub const MAX_TORN_TAIL: usize = 64;
 
-/// Rebuilds every live stream from the WAL: its tail, last timestamp, fencing token, trim
-/// point, and where each batch lies. Within each epoch, chunks are replayed in order up
-/// to the first missing one; chunks after a gap were never acknowledged (see the writer).
+/// Rebuilds every live stream from its checkpoint (where its segments end) and the WAL
+/// chunks after the compacted ones: its tail, last timestamp, fencing token, trim point,
+/// and where each batch still in the WAL lies. Within each epoch, chunks are replayed in
+/// order from the watermark up to the first missing one; chunks after a gap were never
+/// acknowledged (see the writer).
 async fn recover(
     metadata: &dyn MetadataStore,
     objects: &dyn ObjectStore,
-) -> Result<HashMap<StreamKey, Arc<StreamState>>> {
+) -> Result<(HashMap<StreamKey, Arc<StreamState>>, CompactionState)> {
     let live = metadata.live_streams().await?;
+    let checkpoints = metadata.stream_checkpoints().await?;
+    let watermarks = metadata.wal_watermarks().await?;
     let mut replay: HashMap<u64, (SequencerState, Vec<BatchLocation>)> = live
         .iter()
-        .map(|s| (s.id, (SequencerState::default(), Vec::new())))
+        .map(|s| {
+            let state = checkpoints.get(&s.id).map(SequencerState::from);
+            (s.id, (state.unwrap_or_default(), Vec::new()))
+        })
         .collect();
 
     let mut epochs: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
@@ -758,14 +958,19 @@ async fn recover(
             epochs.entry(epoch).or_default().push(number);
         }
     }
+    let mut logs = BTreeMap::new();
     let mut chunks_replayed = 0usize;
     for (epoch, mut numbers) in epochs {
         numbers.sort_unstable();
-        for (expected, number) in numbers.iter().enumerate() {
-            if *number != expected as u64 {
+        let watermark = watermarks.get(&epoch).copied().unwrap_or(0);
+        // Chunks below the watermark are compacted, waiting to be deleted.
+        numbers.retain(|n| *n >= watermark);
+        let mut end = watermark;
+        for (expected, number) in (watermark..).zip(numbers.iter()) {
+            if *number != expected {
                 tracing::info!(
                     epoch,
-                    ignored = numbers.len() - expected,
+                    ignored = numbers.len() - (expected - watermark) as usize,
                     "WAL chunks after a gap were never acknowledged; ignoring them"
                 );
                 break;
@@ -774,7 +979,7 @@ async fn recover(
             // A chunk that reads as absent was torn by a crash during its own put, so it
             // was never acknowledged: it ends this epoch's log like a gap does.
             let Some(chunk) = objects.get(&key).await? else {
-                let after = numbers.len() - expected - 1;
+                let after = numbers.len() - (expected - watermark) as usize - 1;
                 if after > MAX_TORN_TAIL {
                     return Err(Error::storage(format!(
                         "WAL chunk `{key}` is unreadable but {after} chunks follow it, so it was not \
@@ -800,91 +1005,66 @@ async fn recover(
                         entry.stream_id, sequencer.next_seq
                     )));
                 }
-                let commands: Vec<(usize, Command)> = entry
-                    .records
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, r)| {
-                        Command::parse(&r.headers, &r.body)
-                            .ok()
-                            .flatten()
-                            .map(|c| (i, c))
-                    })
-                    .collect();
-                let mut effects = CommandEffects::from(&*sequencer);
-                effects.apply(first_seq, commands.iter().map(|(i, c)| (*i, c)));
-                let last = entry.records.last().expect("entries are never empty");
-                sequencer.next_seq = last.seq_num + 1;
-                sequencer.last_timestamp = last.timestamp;
-                sequencer.fencing_token = effects.fencing_token;
-                sequencer.trim_point = effects.trim_point;
+                sequencer.replay(&entry.records);
                 batches.push(BatchLocation {
                     start_seq: first_seq,
-                    end_seq: last.seq_num + 1,
-                    last_timestamp: last.timestamp,
-                    chunk: key.clone(),
+                    end_seq: sequencer.next_seq,
+                    last_timestamp: sequencer.last_timestamp,
+                    object: key.clone(),
+                    stored: Stored::WalChunk,
                     span: entry.span,
                 });
             }
             chunks_replayed += 1;
+            end = number + 1;
         }
+        let leftovers = numbers
+            .iter()
+            .filter(|n| **n >= end)
+            .map(|n| crate::wal::chunk_key(epoch, *n))
+            .collect();
+        logs.insert(
+            epoch,
+            EpochLog {
+                next: watermark,
+                end: Some((end, leftovers)),
+            },
+        );
     }
     tracing::info!(
         streams = live.len(),
+        checkpoints = checkpoints.len(),
         chunks = chunks_replayed,
-        "recovered streams from the write-ahead log"
+        "recovered streams from their checkpoints and the write-ahead log"
     );
-    Ok(live
+    let streams = live
         .into_iter()
         .map(|record| {
             let (sequencer, batches) = replay.remove(&record.id).unwrap_or_default();
+            let compacted = checkpoints
+                .get(&record.id)
+                .map(|c| StreamPosition {
+                    seq_num: c.next_seq,
+                    timestamp: c.last_timestamp,
+                })
+                .unwrap_or_default();
             let state = StreamState::new(
                 record.id,
                 record.name.clone(),
                 record.config,
                 sequencer,
+                compacted,
                 batches,
             );
             ((record.basin, record.name), state)
         })
-        .collect())
-}
-
-/// Finishes deletions in the background: streams first, then basins left without any.
-async fn reap_deletions(inner: std::sync::Weak<Inner>) {
-    loop {
-        let interval = match inner.upgrade() {
-            Some(inner) => inner.settings.reap_interval,
-            None => return,
-        };
-        tokio::time::sleep(interval).await;
-        let Some(inner) = inner.upgrade() else { return };
-        if let Err(err) = reap_once(inner.metadata.as_ref()).await {
-            tracing::warn!(error = %err, "finishing deletions failed; will retry");
-        }
-    }
-}
-
-async fn reap_once(metadata: &dyn MetadataStore) -> Result<()> {
-    let (streams, basins) = metadata.pending_deletions().await?;
-    for stream in &streams {
-        // Records of deleted streams are skipped by reads and recovery (their id is gone);
-        // their WAL bytes are reclaimed with the chunks that hold them.
-        metadata.remove_stream(stream.id).await?;
-    }
-    for basin in basins {
-        let remaining = metadata
-            .list_streams(
-                &basin,
-                &ListRange {
-                    limit: 1,
-                    ..Default::default()
-                },
-            )
-            .await?;
-        if remaining.items.is_empty() {
-            metadata.remove_basin(&basin).await?;
-        }
-    }
-    Ok(())
+        .collect();
+    let compaction = CompactionState {
+        checkpoints: checkpoints
+            .iter()
+            .map(|(id, c)| (*id, SequencerState::from(c)))
+            .collect(),
+        logs,
+    };
+    Ok((streams, compaction))
 }

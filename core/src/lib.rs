@@ -7,9 +7,12 @@
 pub mod access;
 pub mod cache;
 pub mod caller;
+mod compaction;
 pub mod config;
+mod crash_point;
 pub mod engine;
 pub mod error;
+mod lifecycle;
 pub mod names;
 pub mod read;
 pub mod record;
@@ -20,6 +23,7 @@ pub mod wal;
 mod wal_writer;
 
 pub use caller::Caller;
+pub use compaction::CompactionStats;
 pub use engine::{Engine, EngineSettings, PendingAck, Provisioned};
 pub use error::{Error, Result};
 pub use wal_writer::FlushSettings;

@@ -138,10 +138,12 @@ impl StreamReader {
             return Err(Error::StreamDeletionPending(self.state.name.to_string()));
         }
         self.position = self.position.max(self.state.visible().trim_point);
-        let (records, bounded) = self.collect(limits).await?;
-        if let Some(last) = records.last() {
-            self.position = last.seq_num + 1;
-        }
+        let (records, bounded, first_retained) = self.collect(limits).await?;
+        self.position = match records.last() {
+            Some(last) => last.seq_num + 1,
+            // Records expired or trimmed away meanwhile are skipped for good.
+            None => self.position.max(first_retained),
+        };
         let tail = self.tail();
         let at_tail = records.last().map(|r| r.seq_num + 1) == Some(tail.seq_num);
         Ok((
@@ -177,24 +179,33 @@ impl StreamReader {
         }
     }
 
-    async fn collect(&self, limits: ReadLimits) -> Result<(Vec<SequencedRecord>, bool)> {
+    /// The records of the next batch, whether a bound ended it, and where the records
+    /// still stored begin (past any removed by retention or a trim).
+    async fn collect(&self, limits: ReadLimits) -> Result<(Vec<SequencedRecord>, bool, u64)> {
         let start_seq = self.position;
         let max_count = limits.count.unwrap_or(u64::MAX);
         let max_bytes = limits.bytes.unwrap_or(u64::MAX);
-        let locations: Vec<BatchLocation> = {
+        // What is in memory is looked at first (one snapshot under the lock), so the
+        // segments found next always reach where the in-memory batches begin.
+        let (compacted_through, in_memory) = {
             let visible = self.state.visible();
             let first = visible.batches.partition_point(|b| b.end_seq <= start_seq);
-            let mut covered = 0u64;
-            visible.batches[first..]
-                .iter()
-                .take_while(|b| {
-                    let take = covered < max_count;
-                    covered += b.end_seq - b.start_seq.max(start_seq);
-                    take
-                })
-                .cloned()
-                .collect()
+            (visible.compacted.seq_num, visible.batches[first..].to_vec())
         };
+        let mut covered = 0u64;
+        let mut locations = Vec::new();
+        let mut first_retained = start_seq;
+        if start_seq < compacted_through {
+            let in_segments = self
+                .engine
+                .segment_locations(self.state.id, start_seq, compacted_through, max_count)
+                .await?;
+            first_retained = in_segments
+                .first()
+                .map_or(compacted_through, |b| b.start_seq.max(start_seq));
+            locations.extend(covering(in_segments, start_seq, max_count, &mut covered));
+        }
+        locations.extend(covering(in_memory, start_seq, max_count, &mut covered));
         let mut records = Vec::new();
         let mut bytes = 0u64;
         for location in &locations {
@@ -203,18 +214,33 @@ impl StreamReader {
                     continue;
                 }
                 if limits.until.is_some_and(|until| record.timestamp >= until) {
-                    return Ok((records, true));
+                    return Ok((records, true, first_retained));
                 }
                 let size = record.metered_size();
                 if records.len() as u64 >= max_count || bytes + size > max_bytes {
-                    return Ok((records, true));
+                    return Ok((records, true, first_retained));
                 }
                 bytes += size;
                 records.push(record);
             }
         }
-        Ok((records, false))
+        Ok((records, false, first_retained))
     }
+}
+
+/// The leading batches that hold the next `max_count` records from `start_seq` (counting
+/// on from `covered`).
+fn covering(
+    batches: Vec<BatchLocation>,
+    start_seq: u64,
+    max_count: u64,
+    covered: &mut u64,
+) -> impl Iterator<Item = BatchLocation> + '_ {
+    batches.into_iter().take_while(move |b| {
+        let take = *covered < max_count;
+        *covered += b.end_seq - b.start_seq.max(start_seq);
+        take
+    })
 }
 
 /// The sequence number a start selector points at, or `None` if it lies beyond the
@@ -232,11 +258,17 @@ async fn start_seq(
         ReadStart::Timestamp(ts) if ts > tail.timestamp => None,
         ReadStart::Timestamp(ts) => {
             // Timestamps are monotonic, so batches are ordered by their last timestamp.
-            let location = {
+            let (compacted, location) = {
                 let visible = state.visible();
                 let i = visible.batches.partition_point(|b| b.last_timestamp < ts);
-                visible.batches.get(i).cloned()
+                (visible.compacted, visible.batches.get(i).cloned())
             };
+            if compacted.seq_num > 0 && ts <= compacted.timestamp {
+                if let Some(seq) = engine.seq_at_timestamp_in_segments(state.id, ts).await? {
+                    return Ok(Some(seq));
+                }
+                // Those segments are gone (trimmed or expired): the answer lies after them.
+            }
             match location {
                 None => Some(tail.seq_num),
                 Some(location) => {

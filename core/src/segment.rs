@@ -68,7 +68,7 @@ impl SegmentRecord {
     }
 
     pub fn decode_entries(key: &str, mut bytes: &[u8]) -> Result<Vec<SegmentEntry>> {
-        if bytes.is_empty() || bytes.len() % ENTRY_BYTES != 0 {
+        if bytes.is_empty() || !bytes.len().is_multiple_of(ENTRY_BYTES) {
             return Err(Error::storage(format!(
                 "the index of segment `{key}` is corrupt ({} bytes)",
                 bytes.len()

@@ -40,17 +40,28 @@ pub(crate) struct SequencerState {
 pub(crate) struct VisibleState {
     pub tail: StreamPosition,
     pub trim_point: u64,
-    /// Durable batches in sequence order.
+    /// The end of the records that are in segments: those before `compacted.seq_num`
+    /// are found through the segment index, the rest through `batches`.
+    pub compacted: StreamPosition,
+    /// Durable batches still only in the WAL, in sequence order.
     pub batches: Vec<BatchLocation>,
 }
 
-/// Where a durable batch lies: a WAL chunk and the entry's byte span in it.
+/// Which kind of object holds a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stored {
+    WalChunk,
+    Segment,
+}
+
+/// Where a durable batch lies: an object and the entry's byte span in it.
 #[derive(Debug, Clone)]
 pub(crate) struct BatchLocation {
     pub start_seq: u64,
     pub end_seq: u64,
     pub last_timestamp: u64,
-    pub chunk: Arc<str>,
+    pub object: Arc<str>,
+    pub stored: Stored,
     pub span: EntrySpan,
 }
 
@@ -84,6 +95,7 @@ impl StreamState {
         name: StreamName,
         config: StreamConfig,
         recovered: SequencerState,
+        compacted: StreamPosition,
         batches: Vec<BatchLocation>,
     ) -> Arc<Self> {
         let tail = StreamPosition {
@@ -93,6 +105,7 @@ impl StreamState {
         let visible = VisibleState {
             tail,
             trim_point: recovered.trim_point,
+            compacted,
             batches,
         };
         Arc::new(Self {
@@ -214,11 +227,52 @@ impl StreamState {
             start_seq: batch.first_seq,
             end_seq: end.seq_num,
             last_timestamp: end.timestamp,
-            chunk,
+            object: chunk,
+            stored: Stored::WalChunk,
             span,
         });
         drop(visible);
         self.tail_tx.send_replace(end);
+    }
+
+    /// Records before `through` are now in segments: reads find them through the index,
+    /// and their WAL locations are forgotten.
+    pub fn mark_compacted(&self, through: StreamPosition) {
+        let mut visible = self.visible.write().unwrap();
+        if through.seq_num <= visible.compacted.seq_num {
+            return;
+        }
+        visible.compacted = through;
+        let done = visible
+            .batches
+            .partition_point(|b| b.end_seq <= through.seq_num);
+        visible.batches.drain(..done);
+    }
+}
+
+impl SequencerState {
+    /// Advances past one durable batch (`records` in sequence order, never empty),
+    /// applying its command records: how recovery replays the log and compaction moves
+    /// a stream's checkpoint, with the same rules as [`StreamState::sequence`].
+    pub fn replay(&mut self, records: &[crate::record::SequencedRecord]) {
+        let first_seq = records[0].seq_num;
+        let commands: Vec<(usize, Command)> = records
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                Command::parse(&r.headers, &r.body)
+                    .ok()
+                    .flatten()
+                    .map(|c| (i, c))
+            })
+            .collect();
+        let mut effects = CommandEffects::from(&*self);
+        effects.apply(first_seq, commands.iter().map(|(i, c)| (*i, c)));
+        let last = &records[records.len() - 1];
+        self.next_seq = last.seq_num + 1;
+        self.last_timestamp = last.timestamp;
+        self.fencing_token = effects.fencing_token;
+        self.trim_point = effects.trim_point;
     }
 }
 
@@ -273,6 +327,7 @@ mod tests {
             StreamName::new("s").unwrap(),
             config,
             SequencerState::default(),
+            StreamPosition::default(),
             Vec::new(),
         )
     }

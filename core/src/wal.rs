@@ -90,6 +90,26 @@ impl ChunkBuilder {
         });
     }
 
+    /// Appends an entry already encoded (as cut out of another chunk by its span).
+    pub fn push_encoded(&mut self, entry: &[u8]) -> EntrySpan {
+        let span = EntrySpan {
+            offset: self.buf.len() as u64,
+            len: entry.len() as u64,
+        };
+        self.buf.put_slice(entry);
+        self.spans.push(span);
+        span
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
     pub fn finish(self) -> (Bytes, Vec<EntrySpan>) {
         (self.buf.freeze(), self.spans)
     }

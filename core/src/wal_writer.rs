@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::stream::{FuturesOrdered, StreamExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -63,7 +63,17 @@ pub(crate) struct WalWriter {
     settings: FlushSettings,
     epoch: u64,
     next_chunk: u64,
+    /// How many chunks of this epoch are released (all durable, in order): compaction
+    /// may take those.
+    released: watch::Sender<u64>,
     poison: Poison,
+}
+
+/// What the engine keeps of a running writer.
+pub(crate) struct WalWriterHandle {
+    pub appends: mpsc::Sender<PendingAppend>,
+    pub task: JoinHandle<()>,
+    pub released: watch::Receiver<u64>,
 }
 
 /// A chunk being written, and the appends waiting for it.
@@ -79,17 +89,23 @@ impl WalWriter {
         settings: FlushSettings,
         epoch: u64,
         poison: Poison,
-    ) -> (mpsc::Sender<PendingAppend>, JoinHandle<()>) {
+    ) -> WalWriterHandle {
         let (tx, rx) = mpsc::channel(1024);
+        let (released, released_rx) = watch::channel(0);
         let writer = WalWriter {
             store,
             cache,
             settings,
             epoch,
             next_chunk: 0,
+            released,
             poison,
         };
-        (tx, tokio::spawn(writer.run(rx)))
+        WalWriterHandle {
+            appends: tx,
+            task: tokio::spawn(writer.run(rx)),
+            released: released_rx,
+        }
     }
 
     /// Runs until every sender is dropped and everything queued is durable (or failed).
@@ -201,6 +217,7 @@ impl WalWriter {
         match outcome {
             Ok((chunk, spans)) => {
                 self.cache.insert(flight.key.clone(), chunk);
+                self.released.send_modify(|released| *released += 1);
                 for (append, span) in flight.appends.iter().zip(spans) {
                     append
                         .batch

@@ -607,3 +607,361 @@ async fn appends_beyond_the_in_flight_budget_wait_instead_of_failing() {
         40
     );
 }
+
+/// Every record, read one batch at a time from `start`.
+async fn read_all(engine: &Caller, s: &StreamName, start: ReadStart) -> Vec<(u64, u64, String)> {
+    let mut out = Vec::new();
+    let mut request = ReadRequest {
+        start,
+        clamp: true,
+        ..Default::default()
+    };
+    loop {
+        match engine.read(&basin(), s, request, None).await {
+            Ok(batch) if batch.records.is_empty() => return out,
+            Ok(batch) => {
+                for r in &batch.records {
+                    out.push((
+                        r.seq_num,
+                        r.timestamp,
+                        String::from_utf8(r.body.to_vec()).unwrap(),
+                    ));
+                }
+                request.start = ReadStart::SeqNum(batch.records.last().unwrap().seq_num + 1);
+            }
+            Err(Error::RangeNotSatisfiable { .. }) => return out,
+            Err(err) => panic!("{err}"),
+        }
+    }
+}
+
+fn with_timestamps(bodies_and_timestamps: &[(&str, u64)]) -> AppendInput {
+    AppendInput {
+        records: bodies_and_timestamps
+            .iter()
+            .map(|(b, ts)| AppendRecord {
+                timestamp: Some(*ts),
+                headers: vec![],
+                body: Bytes::copy_from_slice(b.as_bytes()),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn compacted_records_read_the_same_from_segments_and_recover_from_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    // Compaction only when the test asks for it.
+    let manual = EngineSettings {
+        compaction_interval: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let engine = open_with(dir.path(), manual.clone()).await;
+    let s = setup(&engine, "history").await;
+    let other = setup(&engine, "other").await;
+    // 60 batches of 1-5 records with client timestamps 10, 20, ..., a fence and a trim.
+    let mut ts = 0;
+    for batch in 0..60 {
+        let records: Vec<(String, u64)> = (0..(batch % 5 + 1))
+            .map(|i| {
+                ts += 10;
+                (format!("r{batch}-{i}"), ts)
+            })
+            .collect();
+        let refs: Vec<(&str, u64)> = records.iter().map(|(b, t)| (b.as_str(), *t)).collect();
+        engine
+            .append(&basin(), &s, with_timestamps(&refs), None)
+            .await
+            .unwrap();
+        engine
+            .append(&basin(), &other, records_of(batch), None)
+            .await
+            .unwrap();
+    }
+    engine
+        .append(&basin(), &s, command("fence", b"w1"), None)
+        .await
+        .unwrap();
+    engine
+        .append(&basin(), &s, command("trim", &3u64.to_be_bytes()), None)
+        .await
+        .unwrap();
+    let everything = read_all(&engine, &s, ReadStart::SeqNum(0)).await;
+    assert_eq!(everything.len(), 182 - 3, "trimmed through seq 2");
+    let from_timestamp = read_all(&engine, &s, ReadStart::Timestamp(455)).await;
+    let from_tail_offset = read_all(&engine, &s, ReadStart::TailOffset(50)).await;
+
+    let stats = engine.engine.compact().await.unwrap();
+    assert!(stats.chunks >= 120, "every chunk compacted: {stats:?}");
+    assert_eq!(stats.segments, 2, "one segment per stream: {stats:?}");
+    let segments = engine.objects.list("segments/").await.unwrap();
+    assert_eq!(segments.len(), 2, "{segments:?}");
+
+    // Appends after compaction stay in the WAL: reads cross from segments to memory.
+    let late = engine
+        .append(&basin(), &s, with_timestamps(&[("late", ts + 10)]), None)
+        .await
+        .unwrap();
+    let mut expected = everything.clone();
+    expected.push((182, late.start.timestamp, "late".into()));
+    assert_eq!(read_all(&engine, &s, ReadStart::SeqNum(0)).await, expected);
+    let one_batch = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
+    assert_eq!(
+        one_batch.records.len(),
+        180,
+        "one read spans segment and memory"
+    );
+    assert_eq!(
+        read_all(&engine, &s, ReadStart::Timestamp(455)).await,
+        [
+            from_timestamp.clone(),
+            vec![expected[expected.len() - 1].clone()]
+        ]
+        .concat()
+    );
+    assert_eq!(from_timestamp[0].1, 460, "the first record at or after 455");
+    assert_eq!(
+        read_all(&engine, &s, ReadStart::TailOffset(51)).await,
+        [
+            from_tail_offset.clone(),
+            vec![expected[expected.len() - 1].clone()]
+        ]
+        .concat()
+    );
+    for start in [0, 1, 3, 17, 100, 181] {
+        let got = read_all(&engine, &s, ReadStart::SeqNum(start)).await;
+        let want: Vec<_> = expected
+            .iter()
+            .filter(|r| r.0 >= start.max(3))
+            .cloned()
+            .collect();
+        assert_eq!(got, want, "reading from {start}");
+    }
+
+    // A restart recovers from the checkpoints plus the WAL after them; compacted chunks
+    // still present (their grace period has not passed) are not replayed again.
+    engine.engine.shutdown().await;
+    drop(engine);
+    let engine = open_with(dir.path(), manual).await;
+    assert_eq!(read_all(&engine, &s, ReadStart::SeqNum(0)).await, expected);
+    assert_eq!(
+        engine.check_tail(&basin(), &s, None).await.unwrap().seq_num,
+        183
+    );
+    let mut fenced = records(&["x"]);
+    fenced.fencing_token = Some("w2".into());
+    assert!(matches!(
+        engine.append(&basin(), &s, fenced, None).await,
+        Err(Error::FencingTokenMismatch(t)) if t == "w1"
+    ));
+    let other_records = read_all(&engine, &other, ReadStart::SeqNum(0)).await;
+    assert_eq!(other_records.len(), 60);
+    assert_eq!(other_records[59].2, "o59");
+
+    // The rest compacts after the restart too, continuing the same streams.
+    let stats = engine.engine.compact().await.unwrap();
+    assert!(stats.chunks >= 1 && stats.segments == 1, "{stats:?}");
+    assert_eq!(read_all(&engine, &s, ReadStart::SeqNum(0)).await, expected);
+}
+
+fn records_of(batch: usize) -> AppendInput {
+    records(&[&format!("o{batch}")])
+}
+
+/// Polls `check` every 50 ms for up to 15 s; panics with `what` if it never holds.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..300 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+async fn objects_under(engine: &TestEngine, prefix: &str) -> Vec<String> {
+    engine.objects.list(prefix).await.unwrap()
+}
+
+#[tokio::test]
+async fn trims_retention_delete_on_empty_and_deletion_remove_whole_objects() {
+    use streamgate_core::config::{DeleteOnEmptyConfig, RetentionPolicy};
+    let dir = tempfile::tempdir().unwrap();
+    let settings = EngineSettings {
+        compaction_interval: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let engine = open_with(dir.path(), settings).await;
+    setup(&engine, "unused").await;
+    let create = |name: &str, config: StreamConfig| {
+        let engine = engine.root.clone();
+        let name = stream(name);
+        async move {
+            engine
+                .create_stream(&basin(), name.clone(), config, None)
+                .await
+                .unwrap();
+            name
+        }
+    };
+    let trimmed = create("trimmed", StreamConfig::default()).await;
+    let expiring = create(
+        "expiring",
+        StreamConfig {
+            retention_policy: Some(RetentionPolicy::Age(1)),
+            ..Default::default()
+        },
+    )
+    .await;
+    let emptied = create(
+        "emptied",
+        StreamConfig {
+            delete_on_empty: Some(DeleteOnEmptyConfig { min_age_secs: 1 }),
+            ..Default::default()
+        },
+    )
+    .await;
+    let deleted = create("deleted", StreamConfig::default()).await;
+    let kept = create("kept", StreamConfig::default()).await;
+
+    // Each stream gets records across several compaction rounds, so several segments.
+    for round in 0..4 {
+        for s in [&trimmed, &expiring, &emptied, &deleted, &kept] {
+            let body = format!("{round}");
+            engine
+                .append(&basin(), s, records(&[&body, &body]), None)
+                .await
+                .unwrap();
+        }
+        engine.engine.compact().await.unwrap();
+    }
+    let id_of = |s: &StreamName| {
+        let engine = engine.root.clone();
+        let s = s.clone();
+        async move {
+            let range = streamgate_core::storage::metadata::ListRange {
+                limit: 100,
+                ..Default::default()
+            };
+            let page = engine.list_streams(&basin(), &range).await.unwrap();
+            page.items.into_iter().find(|r| r.name == s).map(|r| r.id)
+        }
+    };
+    let prefix_of = |id: u64| format!("segments/{id:020}/");
+    let trimmed_id = id_of(&trimmed).await.unwrap();
+    let expiring_id = id_of(&expiring).await.unwrap();
+    let deleted_id = id_of(&deleted).await.unwrap();
+    let kept_id = id_of(&kept).await.unwrap();
+    assert_eq!(
+        objects_under(&engine, &prefix_of(trimmed_id)).await.len(),
+        4
+    );
+
+    // An explicit trim through seq 5: the two segments wholly below it go, and the
+    // records below it are unreadable at once.
+    engine
+        .append(
+            &basin(),
+            &trimmed,
+            command("trim", &5u64.to_be_bytes()),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        read_all(&engine, &trimmed, ReadStart::SeqNum(0)).await[0].0,
+        5
+    );
+    // Left: [4, 6), [6, 8) and the trim record's own [8, 9).
+    eventually("segments below the trim point are deleted", || async {
+        objects_under(&engine, &prefix_of(trimmed_id)).await.len() == 3
+    })
+    .await;
+    let left: Vec<u64> = read_all(&engine, &trimmed, ReadStart::SeqNum(0))
+        .await
+        .iter()
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(left, [5, 6, 7, 8]);
+
+    // Retention of 1 s: once compacted, the old records expire, segments and all.
+    eventually(
+        "expired records are unreadable and their segments deleted",
+        || async {
+            read_all(&engine, &expiring, ReadStart::SeqNum(0))
+                .await
+                .is_empty()
+                && objects_under(&engine, &prefix_of(expiring_id))
+                    .await
+                    .is_empty()
+        },
+    )
+    .await;
+    assert_eq!(
+        engine
+            .check_tail(&basin(), &expiring, None)
+            .await
+            .unwrap()
+            .seq_num,
+        8,
+        "expiry keeps the tail"
+    );
+
+    // Delete-on-empty: trimmed empty, it is deleted a second later.
+    engine
+        .append(
+            &basin(),
+            &emptied,
+            command("trim", &u64::MAX.to_be_bytes()),
+            None,
+        )
+        .await
+        .unwrap();
+    eventually("the emptied stream is deleted", || async {
+        id_of(&emptied).await.is_none()
+    })
+    .await;
+
+    // Deleting a stream removes its segments, then its row.
+    engine.delete_stream(&basin(), &deleted).await.unwrap();
+    eventually("a deleted stream's segments are deleted", || async {
+        objects_under(&engine, &prefix_of(deleted_id))
+            .await
+            .is_empty()
+            && id_of(&deleted).await.is_none()
+    })
+    .await;
+
+    // Compacted WAL chunks are deleted after their grace period; the rest is intact.
+    eventually("compacted WAL chunks are deleted", || async {
+        objects_under(&engine, "wal/").await.len() <= 2
+    })
+    .await;
+    assert_eq!(objects_under(&engine, &prefix_of(kept_id)).await.len(), 4);
+    let kept_records = read_all(&engine, &kept, ReadStart::SeqNum(0)).await;
+    let bodies: Vec<&str> = kept_records.iter().map(|r| r.2.as_str()).collect();
+    assert_eq!(bodies, ["0", "0", "1", "1", "2", "2", "3", "3"]);
+
+    // All of it holds after a restart.
+    engine.engine.shutdown().await;
+    drop(engine);
+    let engine = open(dir.path()).await;
+    assert_eq!(
+        read_all(&engine, &kept, ReadStart::SeqNum(0)).await,
+        kept_records
+    );
+    assert_eq!(
+        read_all(&engine, &trimmed, ReadStart::SeqNum(0))
+            .await
+            .len(),
+        4
+    );
+    assert!(read_all(&engine, &expiring, ReadStart::SeqNum(0))
+        .await
+        .is_empty());
+}

@@ -82,8 +82,22 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_CACHE_MIB", default_value_t = 256)]
     pub cache_mib: usize,
 
-    /// How often deleted basins and streams are finished off (seconds); until then their
-    /// names cannot be reused.
+    /// Memory for segments, which serves reads of older records (MiB).
+    #[arg(long, env = "STREAMGATE_SEGMENT_CACHE_MIB", default_value_t = 256)]
+    pub segment_cache_mib: usize,
+
+    /// How often WAL chunks are compacted into per-stream segments (milliseconds).
+    /// Longer: fewer and larger segment objects (fewer requests), more WAL to keep and to
+    /// replay at start-up. Compacted chunks are deleted one interval later.
+    #[arg(
+        long,
+        env = "STREAMGATE_COMPACTION_INTERVAL_MS",
+        default_value_t = 30_000
+    )]
+    pub compaction_interval_ms: u64,
+
+    /// How often lifecycle work runs (seconds): retention, trims, delete-on-empty, and
+    /// finishing deleted basins and streams (until then their names cannot be reused).
     #[arg(long, env = "STREAMGATE_REAP_INTERVAL_SECS", default_value_t = 5)]
     pub reap_interval_secs: u64,
 

@@ -104,6 +104,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         cache_bytes: args.cache_mib * 1024 * 1024,
         max_inflight_bytes: args.max_inflight_mib.max(2) * 1024 * 1024,
         reap_interval: Duration::from_secs(args.reap_interval_secs.max(1)),
+        compaction_interval: Duration::from_millis(args.compaction_interval_ms.max(10)),
+        segment_cache_bytes: args.segment_cache_mib * 1024 * 1024,
         ..EngineSettings::default()
     };
     let engine = Engine::open(Arc::new(metadata), objects, settings)
@@ -221,6 +223,12 @@ fn print_banner(
         flush.linger.as_millis(),
         flush.max_chunk_bytes / 1024,
         flush.max_in_flight
+    );
+    let settings = engine.settings();
+    println!(
+        "  compaction:    every {} ms into per-stream segments; lifecycle every {} s",
+        settings.compaction_interval.as_millis(),
+        settings.reap_interval.as_secs()
     );
     println!("Point the s2 CLI and SDKs at it:");
     println!("  export S2_ACCOUNT_ENDPOINT={endpoint}");

@@ -1,0 +1,372 @@
+//! Compaction: moves records out of the write-ahead log into per-stream segments.
+//!
+//! A round takes the oldest WAL chunks that are not compacted yet (older epochs first,
+//! then the released chunks of this one), copies each live stream's entries out of them
+//! into segment objects, and then commits in one metadata transaction the segment index
+//! rows, every touched stream's checkpoint, the new WAL watermark and the compacted
+//! chunks as obsolete objects. Only then do readers switch to the segments. A crash
+//! before the commit leaves the log as it was (the segments are rewritten next time);
+//! a crash after it leaves obsolete chunks below the watermark, which recovery skips and
+//! the lifecycle task deletes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use time::OffsetDateTime;
+use tokio::sync::{watch, Mutex};
+
+use crate::cache::ChunkCache;
+use crate::crash_point::crash_point;
+use crate::error::{Error, Result};
+use crate::record::StreamPosition;
+use crate::segment::{
+    segment_key, CompactionCommit, SegmentEntry, SegmentRecord, StreamCheckpoint, MAX_SEGMENT_BYTES,
+};
+use crate::storage::{MetadataStore, ObjectStore};
+use crate::stream::{SequencerState, StreamState};
+use crate::wal::{chunk_key, decode_chunk, ChunkBuilder};
+
+/// At most this many WAL chunks (and about this many bytes of them) per round, so a
+/// round's memory stays bounded however far behind compaction is.
+const MAX_CHUNKS_PER_ROUND: usize = 1024;
+const MAX_BYTES_PER_ROUND: usize = 128 * 1024 * 1024;
+/// Objects read or written at once.
+const PARALLEL_REQUESTS: usize = 16;
+
+/// One epoch's write-ahead log as far as compaction is concerned.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EpochLog {
+    /// The first chunk not compacted yet.
+    pub next: u64,
+    /// For an earlier epoch: where its replayable log ends (chunks from here on were
+    /// never acknowledged), and the keys of those chunks, deleted once the rest is
+    /// compacted. `None` for the running epoch, whose end is what the writer released.
+    pub end: Option<(u64, Vec<String>)>,
+}
+
+/// What compaction knows between rounds.
+pub(crate) struct CompactionState {
+    /// Each stream's state at the end of its compacted records.
+    pub checkpoints: HashMap<u64, SequencerState>,
+    pub logs: BTreeMap<u64, EpochLog>,
+}
+
+pub(crate) struct Compactor {
+    metadata: Arc<dyn MetadataStore>,
+    objects: Arc<dyn ObjectStore>,
+    wal_cache: Arc<ChunkCache>,
+    epoch: u64,
+    released: watch::Receiver<u64>,
+    /// How long compacted chunks stay after the commit, for reads already under way.
+    obsolete_grace: Duration,
+    state: Mutex<CompactionState>,
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompactionStats {
+    pub chunks: usize,
+    pub segments: usize,
+    pub bytes: usize,
+}
+
+/// One stream's share of a round: its entries in order, and its checkpoint after them.
+struct StreamRun {
+    entries: Vec<(Bytes, SegmentEntry)>,
+    checkpoint: SequencerState,
+}
+
+impl Compactor {
+    pub fn new(
+        metadata: Arc<dyn MetadataStore>,
+        objects: Arc<dyn ObjectStore>,
+        wal_cache: Arc<ChunkCache>,
+        epoch: u64,
+        released: watch::Receiver<u64>,
+        obsolete_grace: Duration,
+        mut state: CompactionState,
+    ) -> Self {
+        state.logs.insert(epoch, EpochLog::default());
+        Self {
+            metadata,
+            objects,
+            wal_cache,
+            epoch,
+            released,
+            obsolete_grace,
+            state: Mutex::new(state),
+        }
+    }
+
+    /// Runs one round. `live_streams` gives the live streams by id; it is asked only
+    /// after the round's chunks are chosen, so every stream with records in them is
+    /// there unless it was deleted. Rounds never overlap.
+    pub async fn run_round(
+        &self,
+        live_streams: impl FnOnce() -> HashMap<u64, Arc<StreamState>>,
+    ) -> Result<CompactionStats> {
+        let mut state = self.state.lock().await;
+        let (chunks, finished_epochs) = self.next_chunks(&state);
+        if chunks.is_empty() && finished_epochs.is_empty() {
+            return Ok(CompactionStats::default());
+        }
+        let live = &live_streams();
+
+        // Read the chunks (in order) and gather each live stream's entries.
+        let mut runs: BTreeMap<u64, StreamRun> = BTreeMap::new();
+        let mut read_bytes = 0usize;
+        let mut taken = Vec::new();
+        let mut fetched = stream::iter(chunks.iter().copied())
+            .map(|(epoch, number)| self.read_chunk(epoch, number))
+            .buffered(PARALLEL_REQUESTS);
+        while let Some(fetched) = fetched.next().await {
+            let ((epoch, number), key, chunk) = fetched?;
+            for entry in decode_chunk(&key, &chunk)? {
+                if !live.contains_key(&entry.stream_id) {
+                    continue; // a deleted stream's records are dropped here
+                }
+                let run = runs.entry(entry.stream_id).or_insert_with(|| StreamRun {
+                    entries: Vec::new(),
+                    checkpoint: state
+                        .checkpoints
+                        .get(&entry.stream_id)
+                        .cloned()
+                        .unwrap_or_default(),
+                });
+                let first_seq = entry.records[0].seq_num;
+                if first_seq != run.checkpoint.next_seq {
+                    return Err(Error::storage(format!(
+                        "WAL chunk `{key}` continues stream {} at {first_seq}, but its \
+                         compacted records end at {}; compaction stops here",
+                        entry.stream_id, run.checkpoint.next_seq
+                    )));
+                }
+                run.checkpoint.replay(&entry.records);
+                let span = entry.span;
+                let bytes = chunk.slice(span.offset as usize..(span.offset + span.len) as usize);
+                run.entries.push((
+                    bytes,
+                    SegmentEntry {
+                        start_seq: first_seq,
+                        end_seq: run.checkpoint.next_seq,
+                        last_timestamp: run.checkpoint.last_timestamp,
+                        span,
+                    },
+                ));
+            }
+            read_bytes += chunk.len();
+            taken.push((epoch, number, key));
+            if read_bytes >= MAX_BYTES_PER_ROUND {
+                break;
+            }
+        }
+        drop(fetched);
+
+        // Cut each stream's entries into segments and write them.
+        let mut segments = Vec::new();
+        for (stream_id, run) in &runs {
+            segments.extend(cut_segments(*stream_id, &run.entries));
+        }
+        let written: usize = segments.iter().map(|(_, bytes)| bytes.len()).sum();
+        let puts: Vec<(String, Bytes)> = segments
+            .iter()
+            .map(|(record, bytes)| (record.key.clone(), bytes.clone()))
+            .collect();
+        stream::iter(puts)
+            .map(|(key, bytes)| async move { self.objects.put(&key, bytes).await })
+            .buffer_unordered(PARALLEL_REQUESTS)
+            .try_collect::<Vec<()>>()
+            .await?;
+        crash_point("compaction:segments-written");
+
+        // Commit: index rows, checkpoints, watermarks, obsolete chunks.
+        let mut watermarks: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut obsolete: Vec<String> = Vec::new();
+        for (epoch, number, key) in &taken {
+            watermarks.insert(*epoch, number + 1);
+            obsolete.push(key.clone());
+        }
+        let mut finished = Vec::new();
+        for epoch in finished_epochs
+            .into_iter()
+            .chain(watermarks.keys().copied())
+        {
+            let log = &state.logs[&epoch];
+            let next = watermarks.get(&epoch).copied().unwrap_or(log.next);
+            if let Some((end, leftovers)) = &log.end {
+                if next >= *end {
+                    obsolete.extend(leftovers.iter().cloned());
+                    finished.push(epoch);
+                }
+            }
+        }
+        let commit = CompactionCommit {
+            segments: segments.iter().map(|(record, _)| record.clone()).collect(),
+            checkpoints: runs
+                .iter()
+                .map(|(id, run)| (*id, StreamCheckpoint::from(&run.checkpoint)))
+                .collect(),
+            wal_watermarks: watermarks.iter().map(|(e, n)| (*e, *n)).collect(),
+            obsolete_objects: obsolete,
+        };
+        let obsolete_after = OffsetDateTime::now_utc() + self.obsolete_grace;
+        self.metadata
+            .commit_compaction(&commit, obsolete_after)
+            .await?;
+        crash_point("compaction:committed");
+
+        // Readers switch to the segments only now that the index has them.
+        for (epoch, next) in &watermarks {
+            if let Some(log) = state.logs.get_mut(epoch) {
+                log.next = *next;
+            }
+        }
+        for epoch in finished {
+            state.logs.remove(&epoch);
+        }
+        for (id, run) in runs {
+            if let Some(stream) = live.get(&id) {
+                stream.mark_compacted(StreamPosition {
+                    seq_num: run.checkpoint.next_seq,
+                    timestamp: run.checkpoint.last_timestamp,
+                });
+            }
+            state.checkpoints.insert(id, run.checkpoint);
+        }
+        let stats = CompactionStats {
+            chunks: taken.len(),
+            segments: segments.len(),
+            bytes: written,
+        };
+        if stats.chunks > 0 {
+            tracing::debug!(?stats, "compacted WAL chunks into segments");
+        }
+        Ok(stats)
+    }
+
+    /// The chunks the next round takes, in log order, and the earlier epochs with
+    /// nothing left to compact.
+    fn next_chunks(&self, state: &CompactionState) -> (Vec<(u64, u64)>, Vec<u64>) {
+        let mut chunks = Vec::new();
+        let mut finished = Vec::new();
+        for (epoch, log) in &state.logs {
+            let end = match &log.end {
+                Some((end, _)) => *end,
+                None if *epoch == self.epoch => *self.released.borrow(),
+                None => log.next,
+            };
+            if log.next >= end && log.end.is_some() {
+                finished.push(*epoch);
+            }
+            for number in log.next..end {
+                if chunks.len() == MAX_CHUNKS_PER_ROUND {
+                    return (chunks, finished);
+                }
+                chunks.push((*epoch, number));
+            }
+        }
+        (chunks, finished)
+    }
+
+    async fn read_chunk(&self, epoch: u64, number: u64) -> Result<((u64, u64), String, Bytes)> {
+        let key = chunk_key(epoch, number);
+        let chunk = match self.wal_cache.get(&key) {
+            Some(chunk) => chunk,
+            None => self.objects.get(&key).await?.ok_or_else(|| {
+                Error::storage(format!(
+                    "WAL chunk `{key}` is missing although it is not compacted yet"
+                ))
+            })?,
+        };
+        Ok(((epoch, number), key, chunk))
+    }
+}
+
+/// Splits one stream's entries into segments of about `MAX_SEGMENT_BYTES`, copying each
+/// entry's bytes verbatim.
+fn cut_segments(stream_id: u64, entries: &[(Bytes, SegmentEntry)]) -> Vec<(SegmentRecord, Bytes)> {
+    let mut segments = Vec::new();
+    let mut rest = entries;
+    while !rest.is_empty() {
+        let key = segment_key(stream_id, rest[0].1.start_seq);
+        let mut builder = ChunkBuilder::with_capacity(
+            MAX_SEGMENT_BYTES.min(rest.iter().map(|(bytes, _)| bytes.len()).sum::<usize>()),
+        );
+        let mut index = Vec::new();
+        for (bytes, entry) in rest {
+            if !builder.is_empty() && builder.len() + bytes.len() > MAX_SEGMENT_BYTES {
+                break;
+            }
+            let span = builder.push_encoded(bytes);
+            index.push(SegmentEntry { span, ..*entry });
+        }
+        rest = &rest[index.len()..];
+        let (bytes, _) = builder.finish();
+        segments.push((
+            SegmentRecord {
+                stream_id,
+                key,
+                entries: index,
+            },
+            bytes,
+        ));
+    }
+    segments
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wal::{decode_entry, EntrySpan, StoredRecord};
+
+    #[test]
+    fn segments_are_cut_by_size_and_keep_every_entry_readable() {
+        // Three entries of ~3 MiB each: the first two share a segment, the third starts
+        // the next one; each entry reads back from its segment by its span.
+        let mut source = ChunkBuilder::with_capacity(0);
+        let body = Bytes::from(vec![7u8; 3 * 1024 * 1024]);
+        for i in 0..3u64 {
+            let record = StoredRecord {
+                timestamp: i,
+                headers: vec![],
+                body: body.clone(),
+            };
+            source.push(9, i, &[record]);
+        }
+        let (chunk, spans) = source.finish();
+        let entries: Vec<_> = spans
+            .iter()
+            .zip(0u64..)
+            .map(|(span, i): (&EntrySpan, u64)| {
+                let bytes = chunk.slice(span.offset as usize..(span.offset + span.len) as usize);
+                let entry = SegmentEntry {
+                    start_seq: i,
+                    end_seq: i + 1,
+                    last_timestamp: i,
+                    span: *span,
+                };
+                (bytes, entry)
+            })
+            .collect();
+        let segments = cut_segments(9, &entries);
+        assert_eq!(segments.len(), 2);
+        assert_eq!(segments[0].0.key, segment_key(9, 0));
+        assert_eq!((segments[0].0.start_seq(), segments[0].0.end_seq()), (0, 2));
+        assert_eq!(segments[1].0.key, segment_key(9, 2));
+        for (record, bytes) in &segments {
+            assert_eq!(
+                decode_chunk(&record.key, bytes).unwrap().len(),
+                record.entries.len()
+            );
+            for entry in &record.entries {
+                let span = entry.span;
+                let cut = bytes.slice(span.offset as usize..(span.offset + span.len) as usize);
+                let (stream_id, records) = decode_entry(&record.key, cut).unwrap();
+                assert_eq!((stream_id, records[0].seq_num), (9, entry.start_seq));
+            }
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Lifecycle: the background work that keeps storage bounded. Each pass
+//! - drops the segments of every live stream that lie below its trim point or whose
+//!   records are all older than its retention age (readers skip what is gone at once);
+//! - deletes streams with `delete_on_empty` that have been empty for `min_age_secs`;
+//! - finishes the deletion of streams and basins: segments first, then the rows;
+//! - deletes obsolete objects (compacted WAL chunks, dropped segments) once their grace
+//!   period has passed.
+//!
+//! Every step is a metadata transaction of bounded size that records what is left to do,
+//! so a crash anywhere leaves work that the next pass, after a restart too, picks up.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use time::OffsetDateTime;
+
+use crate::config::RetentionPolicy;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::names::BasinName;
+use crate::storage::metadata::ListRange;
+use crate::stream::StreamState;
+
+/// Segment rows removed per metadata transaction.
+const SEGMENTS_PER_STEP: usize = 100;
+/// Obsolete objects deleted per step.
+const OBJECTS_PER_STEP: usize = 1000;
+/// Steps of either kind per stream, or in all for objects, in one pass.
+const STEPS_PER_PASS: usize = 10;
+/// Object deletions in flight at once.
+const PARALLEL_DELETES: usize = 16;
+
+/// When each stream was first seen empty, for delete-on-empty.
+#[derive(Default)]
+pub(crate) struct EmptySince(Mutex<HashMap<u64, Instant>>);
+
+impl Engine {
+    /// One lifecycle pass (the background task runs one every `reap_interval`).
+    pub async fn run_lifecycle(&self) -> Result<()> {
+        self.apply_retention_and_trim().await?;
+        self.finish_deletions().await?;
+        self.delete_obsolete_objects().await
+    }
+
+    fn obsolete_after(&self) -> OffsetDateTime {
+        OffsetDateTime::now_utc() + self.settings().compaction_interval
+    }
+
+    async fn apply_retention_and_trim(&self) -> Result<()> {
+        let now_ms = OffsetDateTime::now_utc().unix_timestamp_nanos() as u64 / 1_000_000;
+        for (basin, stream) in self.live_streams() {
+            let config = stream.config();
+            let expired_before = match config.retention_policy {
+                Some(RetentionPolicy::Age(secs)) => now_ms.saturating_sub(secs * 1000),
+                _ => 0,
+            };
+            let (trim_point, compacted) = {
+                let visible = stream.visible();
+                (visible.trim_point, visible.compacted)
+            };
+            let first = match compacted.seq_num {
+                0 => None,
+                _ => self.metadata().segment_at(stream.id, 0).await?,
+            };
+            if first.as_ref().is_some_and(|segment| {
+                segment.end_seq() <= trim_point || segment.last_timestamp() < expired_before
+            }) {
+                for _ in 0..STEPS_PER_PASS {
+                    let dropped = self
+                        .metadata()
+                        .drop_segments(
+                            stream.id,
+                            trim_point,
+                            expired_before,
+                            SEGMENTS_PER_STEP,
+                            self.obsolete_after(),
+                        )
+                        .await?;
+                    if dropped < SEGMENTS_PER_STEP {
+                        break;
+                    }
+                }
+            }
+            let min_age = config.delete_on_empty.map_or(0, |d| d.min_age_secs);
+            if min_age > 0 {
+                self.delete_if_empty_long_enough(&basin, &stream, Duration::from_secs(min_age))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A stream is empty when no record of it is readable: everything is trimmed, or it
+    /// has no records outside segments and no segments left.
+    async fn is_empty(&self, stream: &StreamState) -> Result<bool> {
+        let (tail, trim_point, compacted) = {
+            let visible = stream.visible();
+            (visible.tail, visible.trim_point, visible.compacted)
+        };
+        if trim_point >= tail.seq_num {
+            return Ok(true);
+        }
+        Ok(compacted.seq_num == tail.seq_num
+            && self
+                .metadata()
+                .segment_at(stream.id, trim_point)
+                .await?
+                .is_none())
+    }
+
+    async fn delete_if_empty_long_enough(
+        &self,
+        basin: &BasinName,
+        stream: &Arc<StreamState>,
+        min_age: Duration,
+    ) -> Result<()> {
+        if !self.is_empty(stream).await? {
+            self.empty_since().0.lock().unwrap().remove(&stream.id);
+            return Ok(());
+        }
+        let since = *self
+            .empty_since()
+            .0
+            .lock()
+            .unwrap()
+            .entry(stream.id)
+            .or_insert_with(Instant::now);
+        if since.elapsed() < min_age {
+            return Ok(());
+        }
+        // Holding the sequencer lock, no append can slip in between the last check and
+        // the deletion; appends waiting for it then find the stream deleted.
+        let sequencer = stream.sequencer().lock().await;
+        if sequencer.next_seq != stream.tail().seq_num || !self.is_empty(stream).await? {
+            return Ok(());
+        }
+        tracing::info!(basin = %basin, stream = %stream.name, "deleting a stream that stayed empty (delete_on_empty)");
+        self.delete_stream(basin, &stream.name).await?;
+        drop(sequencer);
+        self.empty_since().0.lock().unwrap().remove(&stream.id);
+        Ok(())
+    }
+
+    /// Streams marked deleted lose their segments, in bounded steps, then their rows;
+    /// basins marked deleted go once no stream of theirs is left.
+    async fn finish_deletions(&self) -> Result<()> {
+        let metadata = self.metadata();
+        let (streams, basins) = metadata.pending_deletions().await?;
+        for stream in &streams {
+            // Records of deleted streams are skipped by reads, compaction and recovery
+            // (their id is gone); their WAL bytes go with the chunks that hold them.
+            let mut done = false;
+            for _ in 0..STEPS_PER_PASS {
+                let dropped = metadata
+                    .drop_segments(
+                        stream.id,
+                        u64::MAX,
+                        u64::MAX,
+                        SEGMENTS_PER_STEP,
+                        self.obsolete_after(),
+                    )
+                    .await?;
+                if dropped < SEGMENTS_PER_STEP {
+                    done = true;
+                    break;
+                }
+            }
+            if done {
+                metadata.remove_stream(stream.id).await?;
+            }
+        }
+        for basin in basins {
+            let remaining = metadata
+                .list_streams(
+                    &basin,
+                    &ListRange {
+                        limit: 1,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            if remaining.items.is_empty() {
+                metadata.remove_basin(&basin).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete_obsolete_objects(&self) -> Result<()> {
+        for _ in 0..STEPS_PER_PASS {
+            let now = OffsetDateTime::now_utc();
+            let keys = self
+                .metadata()
+                .obsolete_objects(now, OBJECTS_PER_STEP)
+                .await?;
+            stream::iter(keys.clone())
+                .map(|key| async move { self.objects().delete(&key).await })
+                .buffer_unordered(PARALLEL_DELETES)
+                .try_collect::<Vec<()>>()
+                .await?;
+            self.metadata().forget_obsolete_objects(&keys).await?;
+            if keys.len() < OBJECTS_PER_STEP {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
