@@ -16,7 +16,7 @@ export async function startServer(extraArgs = []) {
 	const dataDir = mkdtempSync(join(tmpdir(), "streamgate-node-"));
 	const args = [
 		"--data-dir", dataDir, "--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0",
-		"--root-token", ROOT_TOKEN, ...extraArgs,
+		"--compaction-interval-ms", "300", "--root-token", ROOT_TOKEN, ...extraArgs,
 	];
 	const child = spawn(binary, args, {
 		stdio: ["ignore", "pipe", "inherit"],

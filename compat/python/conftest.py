@@ -34,7 +34,8 @@ def launch(*extra_args):
     with tempfile.TemporaryDirectory() as data_dir:
         proc = subprocess.Popen(
             [binary, "--data-dir", data_dir, "--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0",
-             "--reap-interval-secs", "1", "--root-token", ROOT_TOKEN, *extra_args],
+             "--reap-interval-secs", "1", "--compaction-interval-ms", "300", "--root-token", ROOT_TOKEN,
+             *extra_args],
             stdout=subprocess.PIPE,
             stderr=None,
             text=True,

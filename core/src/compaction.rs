@@ -10,6 +10,7 @@
 //! the lifecycle task deletes.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,6 +64,9 @@ pub(crate) struct Compactor {
     /// How long compacted chunks stay after the commit, for reads already under way.
     obsolete_grace: Duration,
     state: Mutex<CompactionState>,
+    /// A commit failed without an answer (a connection cut mid-commit): it may have
+    /// landed, so the next round first learns from the store how far compaction got.
+    uncertain: AtomicBool,
 }
 
 /// What one round did.
@@ -71,6 +75,8 @@ pub struct CompactionStats {
     pub chunks: usize,
     pub segments: usize,
     pub bytes: usize,
+    /// Whether the round stopped at its size limit with more chunks waiting.
+    pub more_waiting: bool,
 }
 
 /// One stream's share of a round: its entries in order, and its checkpoint after them.
@@ -98,6 +104,7 @@ impl Compactor {
             released,
             obsolete_grace,
             state: Mutex::new(state),
+            uncertain: AtomicBool::new(false),
         }
     }
 
@@ -106,9 +113,12 @@ impl Compactor {
     /// there unless it was deleted. Rounds never overlap.
     pub async fn run_round(
         &self,
-        live_streams: impl FnOnce() -> HashMap<u64, Arc<StreamState>>,
+        live_streams: impl Fn() -> HashMap<u64, Arc<StreamState>>,
     ) -> Result<CompactionStats> {
         let mut state = self.state.lock().await;
+        if self.uncertain.load(Ordering::SeqCst) {
+            self.relearn(&mut state, &live_streams()).await?;
+        }
         let (chunks, finished_epochs) = self.next_chunks(&state);
         if chunks.is_empty() && finished_epochs.is_empty() {
             return Ok(CompactionStats::default());
@@ -119,6 +129,7 @@ impl Compactor {
         let mut runs: BTreeMap<u64, StreamRun> = BTreeMap::new();
         let mut read_bytes = 0usize;
         let mut taken = Vec::new();
+        let mut not_served = std::collections::BTreeSet::new();
         let mut fetched = stream::iter(chunks.iter().copied())
             .map(|(epoch, number)| self.read_chunk(epoch, number))
             .buffered(PARALLEL_REQUESTS);
@@ -126,7 +137,8 @@ impl Compactor {
             let ((epoch, number), key, chunk) = fetched?;
             for entry in decode_chunk(&key, &chunk)? {
                 if !live.contains_key(&entry.stream_id) {
-                    continue; // a deleted stream's records are dropped here
+                    not_served.insert(entry.stream_id); // deleted, checked below
+                    continue;
                 }
                 let run = runs.entry(entry.stream_id).or_insert_with(|| StreamRun {
                     entries: Vec::new(),
@@ -164,6 +176,17 @@ impl Compactor {
             }
         }
         drop(fetched);
+        // Records of streams this process does not serve are dropped only if the
+        // metadata store agrees the stream is gone; otherwise compaction stops rather
+        // than lose them.
+        for id in not_served {
+            if self.metadata.stream_is_live(id).await? {
+                return Err(Error::storage(format!(
+                    "stream {id} is live in the metadata store but not served by this \
+                     process; compaction stops so its records are kept (restart streamgate)"
+                )));
+            }
+        }
 
         // Cut each stream's entries into segments and write them.
         let mut segments = Vec::new();
@@ -213,9 +236,19 @@ impl Compactor {
             obsolete_objects: obsolete,
         };
         let obsolete_after = OffsetDateTime::now_utc() + self.obsolete_grace;
-        self.metadata
+        // Uncertain until the answer arrives (also if this round is cancelled meanwhile).
+        self.uncertain.store(true, Ordering::SeqCst);
+        if let Err(err) = self
+            .metadata
             .commit_compaction(&commit, obsolete_after)
-            .await?;
+            .await
+        {
+            if self.relearn(&mut state, live).await.is_ok() {
+                tracing::warn!(error = %err, "a compaction commit failed; learned from the metadata store whether it landed");
+            }
+            return Err(err);
+        }
+        self.uncertain.store(false, Ordering::SeqCst);
         crash_point("compaction:committed");
 
         // Readers switch to the segments only now that the index has them.
@@ -240,11 +273,49 @@ impl Compactor {
             chunks: taken.len(),
             segments: segments.len(),
             bytes: written,
+            more_waiting: taken.len() < chunks.len() || chunks.len() == MAX_CHUNKS_PER_ROUND,
         };
         if stats.chunks > 0 {
             tracing::debug!(?stats, "compacted WAL chunks into segments");
         }
         Ok(stats)
+    }
+
+    /// Takes the watermarks and checkpoints as the store has them, after a commit whose
+    /// outcome is unknown: if it landed, its chunks must not be compacted again (they may
+    /// be deleted already), and readers go to its segments.
+    async fn relearn(
+        &self,
+        state: &mut CompactionState,
+        live: &HashMap<u64, Arc<StreamState>>,
+    ) -> Result<()> {
+        let watermarks = self.metadata.wal_watermarks().await?;
+        let checkpoints = self.metadata.stream_checkpoints().await?;
+        for (epoch, log) in state.logs.iter_mut() {
+            if let Some(next) = watermarks.get(epoch) {
+                log.next = log.next.max(*next);
+            }
+        }
+        for (id, checkpoint) in checkpoints {
+            let known = state.checkpoints.entry(id).or_default();
+            if checkpoint.next_seq > known.next_seq {
+                *known = SequencerState::from(&checkpoint);
+                if let Some(stream) = live.get(&id) {
+                    stream.mark_compacted(StreamPosition {
+                        seq_num: checkpoint.next_seq,
+                        timestamp: checkpoint.last_timestamp,
+                    });
+                }
+            }
+        }
+        self.uncertain.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether a commit's outcome is unknown: obsolete objects must not be deleted then,
+    /// since this process may still read the chunks that commit made obsolete.
+    pub fn is_uncertain(&self) -> bool {
+        self.uncertain.load(Ordering::SeqCst)
     }
 
     /// The chunks the next round takes, in log order, and the earlier epochs with

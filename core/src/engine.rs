@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::FutureExt;
 use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -21,6 +22,7 @@ use crate::lifecycle::EmptySince;
 use crate::names::{BasinName, StreamName};
 use crate::read::{ReadBatch, ReadRequest, ReadStart, StreamReader, MAX_UNARY_WAIT};
 use crate::record::{AppendAck, AppendInput, SequencedRecord, StreamPosition};
+use crate::segment::parse_segment_key;
 use crate::storage::metadata::{Created, ListRange};
 use crate::storage::{BasinRecord, ListPage, MetadataStore, ObjectStore, StreamRecord};
 use crate::stream::{BatchLocation, SequencerState, Stored, StreamState};
@@ -62,6 +64,9 @@ impl Default for EngineSettings {
         }
     }
 }
+
+/// The least time obsolete objects stay after the commit that made them obsolete.
+const MIN_OBSOLETE_GRACE: Duration = Duration::from_secs(5);
 
 /// What an ensure (PUT) call did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +155,7 @@ impl Engine {
             cache.clone(),
             epoch,
             writer.released,
-            settings.compaction_interval,
+            settings.compaction_interval.max(MIN_OBSOLETE_GRACE),
             compaction,
         );
         let inner = Arc::new(Inner {
@@ -196,15 +201,24 @@ impl Engine {
             loop {
                 tokio::time::sleep(interval).await;
                 let Some(inner) = weak.upgrade() else { return };
-                if let Err(err) = work(Engine { inner }).await {
-                    tracing::warn!(error = %err, "background storage work failed; will retry");
+                // A panic is reported and retried like an error, never ends the loop.
+                let outcome = std::panic::AssertUnwindSafe(work(Engine { inner }))
+                    .catch_unwind()
+                    .await;
+                match outcome {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => {
+                        tracing::warn!(error = %err, "background storage work failed; will retry")
+                    }
+                    Err(_) => tracing::error!("background storage work panicked; will retry"),
                 }
             }
         })
     }
 
-    /// Compacts every WAL chunk released so far into segments (the background task does
-    /// this every `compaction_interval`); what the rounds did, summed.
+    /// Compacts the WAL chunks released so far into segments, in as many rounds as their
+    /// size needs (the background task does this every `compaction_interval`); what the
+    /// rounds did, summed.
     pub async fn compact(&self) -> Result<CompactionStats> {
         let mut total = CompactionStats::default();
         loop {
@@ -216,12 +230,12 @@ impl Engine {
                     streams.values().map(|s| (s.id, s.clone())).collect()
                 })
                 .await?;
-            if round.chunks == 0 {
-                return Ok(total);
-            }
             total.chunks += round.chunks;
             total.segments += round.segments;
             total.bytes += round.bytes;
+            if !round.more_waiting {
+                return Ok(total);
+            }
         }
     }
 
@@ -231,6 +245,19 @@ impl Engine {
 
     pub(crate) fn empty_since(&self) -> &EmptySince {
         &self.inner.empty_since
+    }
+
+    pub(crate) fn compactor(&self) -> &Compactor {
+        &self.inner.compactor
+    }
+
+    /// How long objects made obsolete stay: reads that found them just before stay able
+    /// to finish.
+    pub(crate) fn obsolete_grace(&self) -> Duration {
+        self.inner
+            .settings
+            .compaction_interval
+            .max(MIN_OBSOLETE_GRACE)
     }
 
     pub(crate) fn objects(&self) -> &dyn ObjectStore {
@@ -823,11 +850,34 @@ impl Engine {
                             "segment `{key}` is shorter than its index says"
                         )))
                     }
-                    None => return Ok(Vec::new()),
+                    None => return self.vanished_segment(location).await,
                 },
             },
         };
         Ok(decode_entry(key, bytes)?.1)
+    }
+
+    /// A segment object that is not there is fine if the index dropped it meanwhile
+    /// (trimmed, expired or deleted records are no longer readable): no records. If the
+    /// index still has it, records that must be readable are missing.
+    async fn vanished_segment(&self, location: &BatchLocation) -> Result<Vec<SequencedRecord>> {
+        let key = &location.object;
+        let stream_id = parse_segment_key(key)
+            .ok_or_else(|| Error::storage(format!("`{key}` is not a segment key")))?
+            .0;
+        let indexed = self
+            .inner
+            .metadata
+            .segment_at(stream_id, location.start_seq)
+            .await?
+            .is_some_and(|segment| segment.key == **key);
+        if indexed {
+            return Err(Error::storage(format!(
+                "segment `{key}` is in the index but missing from the object store; \
+                 restore it from a backup"
+            )));
+        }
+        Ok(Vec::new())
     }
 
     /// Where the batches of a stream from `from` up to `until` (the end of its compacted
@@ -846,8 +896,14 @@ impl Engine {
             let Some(segment) = self.inner.metadata.segment_at(stream_id, from).await? else {
                 break;
             };
+            // A segment committed after the caller looked at `until` holds records the
+            // caller finds in memory: they are not taken twice.
+            if segment.start_seq() >= until {
+                break;
+            }
             let key: Arc<str> = segment.key.as_str().into();
-            for entry in segment.entries.iter().filter(|e| e.end_seq > from) {
+            let entries = segment.entries.iter();
+            for entry in entries.filter(|e| e.end_seq > from && e.start_seq < until) {
                 if covered >= max_count {
                     break;
                 }

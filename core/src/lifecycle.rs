@@ -20,6 +20,7 @@ use crate::config::RetentionPolicy;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::names::BasinName;
+use crate::segment::segment_prefix;
 use crate::storage::metadata::ListRange;
 use crate::stream::StreamState;
 
@@ -45,15 +46,28 @@ impl Engine {
     }
 
     fn obsolete_after(&self) -> OffsetDateTime {
-        OffsetDateTime::now_utc() + self.settings().compaction_interval
+        OffsetDateTime::now_utc() + self.obsolete_grace()
     }
 
+    /// Every live stream in turn; one stream's failure is logged and the others go on.
     async fn apply_retention_and_trim(&self) -> Result<()> {
-        let now_ms = OffsetDateTime::now_utc().unix_timestamp_nanos() as u64 / 1_000_000;
         for (basin, stream) in self.live_streams() {
+            if let Err(err) = self.bound_stream(&basin, &stream).await {
+                tracing::warn!(basin = %basin, stream = %stream.name, error = %err,
+                    "retention, trim or delete-on-empty failed for this stream; will retry");
+            }
+        }
+        Ok(())
+    }
+
+    async fn bound_stream(&self, basin: &BasinName, stream: &Arc<StreamState>) -> Result<()> {
+        let now_ms = OffsetDateTime::now_utc().unix_timestamp_nanos() as u64 / 1_000_000;
+        {
             let config = stream.config();
             let expired_before = match config.retention_policy {
-                Some(RetentionPolicy::Age(secs)) => now_ms.saturating_sub(secs * 1000),
+                Some(RetentionPolicy::Age(secs)) => {
+                    now_ms.saturating_sub(secs.saturating_mul(1000))
+                }
                 _ => 0,
             };
             let (trim_point, compacted) = {
@@ -85,7 +99,7 @@ impl Engine {
             }
             let min_age = config.delete_on_empty.map_or(0, |d| d.min_age_secs);
             if min_age > 0 {
-                self.delete_if_empty_long_enough(&basin, &stream, Duration::from_secs(min_age))
+                self.delete_if_empty_long_enough(basin, stream, Duration::from_secs(min_age))
                     .await?;
             }
         }
@@ -133,7 +147,10 @@ impl Engine {
         // Holding the sequencer lock, no append can slip in between the last check and
         // the deletion; appends waiting for it then find the stream deleted.
         let sequencer = stream.sequencer().lock().await;
-        if sequencer.next_seq != stream.tail().seq_num || !self.is_empty(stream).await? {
+        if stream.is_deleted()
+            || sequencer.next_seq != stream.tail().seq_num
+            || !self.is_empty(stream).await?
+        {
             return Ok(());
         }
         tracing::info!(basin = %basin, stream = %stream.name, "deleting a stream that stayed empty (delete_on_empty)");
@@ -168,6 +185,10 @@ impl Engine {
                 }
             }
             if done {
+                // Segments a crashed compaction round wrote but never indexed.
+                for key in self.objects().list(&segment_prefix(stream.id)).await? {
+                    self.objects().delete(&key).await?;
+                }
                 metadata.remove_stream(stream.id).await?;
             }
         }
@@ -189,6 +210,9 @@ impl Engine {
     }
 
     async fn delete_obsolete_objects(&self) -> Result<()> {
+        if self.compactor().is_uncertain() {
+            return Ok(()); // the chunks of an unconfirmed commit may still be read
+        }
         for _ in 0..STEPS_PER_PASS {
             let now = OffsetDateTime::now_utc();
             let keys = self

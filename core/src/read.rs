@@ -138,7 +138,15 @@ impl StreamReader {
             return Err(Error::StreamDeletionPending(self.state.name.to_string()));
         }
         self.position = self.position.max(self.state.visible().trim_point);
-        let (records, bounded, first_retained) = self.collect(limits).await?;
+        let compacted_before = self.state.visible().compacted.seq_num;
+        let (records, bounded, first_retained) = match self.collect(limits).await {
+            // A WAL chunk read while compaction moved its records into segments may be
+            // deleted under the read: the second look finds them in the segments.
+            Err(_) if self.state.visible().compacted.seq_num > compacted_before => {
+                self.collect(limits).await?
+            }
+            outcome => outcome?,
+        };
         self.position = match records.last() {
             Some(last) => last.seq_num + 1,
             // Records expired or trimmed away meanwhile are skipped for good.
@@ -210,7 +218,11 @@ impl StreamReader {
         let mut bytes = 0u64;
         for location in &locations {
             for record in self.engine.load(location).await? {
-                if record.seq_num < start_seq {
+                // Only records after the ones taken: never one twice or out of order.
+                let next = records
+                    .last()
+                    .map_or(start_seq, |r: &SequencedRecord| r.seq_num + 1);
+                if record.seq_num < next {
                     continue;
                 }
                 if limits.until.is_some_and(|until| record.timestamp >= until) {

@@ -17,7 +17,18 @@ pub const MAX_SEGMENT_BYTES: usize = 8 * 1024 * 1024;
 /// Object-store key of the segment of `stream_id` that starts at `start_seq`. Writing the
 /// same range again (a compaction redone after a crash) rewrites the same object.
 pub fn segment_key(stream_id: u64, start_seq: u64) -> String {
-    format!("segments/{stream_id:020}/{start_seq:020}")
+    format!("{}{start_seq:020}", segment_prefix(stream_id))
+}
+
+/// The inverse of [`segment_key`]: `(stream_id, start_seq)`.
+pub fn parse_segment_key(key: &str) -> Option<(u64, u64)> {
+    let (stream_id, start_seq) = key.strip_prefix("segments/")?.split_once('/')?;
+    Some((stream_id.parse().ok()?, start_seq.parse().ok()?))
+}
+
+/// The folder of a stream's segments.
+pub fn segment_prefix(stream_id: u64) -> String {
+    format!("segments/{stream_id:020}/")
 }
 
 /// One WAL entry (one appended batch) inside a segment.
@@ -174,5 +185,7 @@ mod tests {
             segment_key(7, 10),
             "segments/00000000000000000007/00000000000000000010"
         );
+        assert_eq!(parse_segment_key(&segment_key(7, 10)), Some((7, 10)));
+        assert_eq!(parse_segment_key("wal/1/2"), None);
     }
 }

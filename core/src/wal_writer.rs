@@ -217,13 +217,15 @@ impl WalWriter {
         match outcome {
             Ok((chunk, spans)) => {
                 self.cache.insert(flight.key.clone(), chunk);
-                self.released.send_modify(|released| *released += 1);
                 for (append, span) in flight.appends.iter().zip(spans) {
                     append
                         .batch
                         .stream
                         .publish(&append.batch, flight.key.clone(), span);
                 }
+                // Only now may compaction take the chunk: its batches are where readers
+                // look, so compaction's hand-over to segments replaces them.
+                self.released.send_modify(|released| *released += 1);
                 for append in flight.appends {
                     let ack = AppendAck {
                         start: append.batch.start(),

@@ -769,13 +769,13 @@ fn records_of(batch: usize) -> AppendInput {
     records(&[&format!("o{batch}")])
 }
 
-/// Polls `check` every 50 ms for up to 15 s; panics with `what` if it never holds.
+/// Polls `check` every 50 ms for up to 30 s; panics with `what` if it never holds.
 async fn eventually<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    for _ in 0..300 {
+    for _ in 0..600 {
         if check().await {
             return;
         }

@@ -157,6 +157,8 @@ pub struct Server {
     resp_listen: u16,
     /// Whether the server is given `ROOT_TOKEN` as its root token.
     test_root_token: bool,
+    /// Extra environment variables of the process.
+    env: Vec<(String, String)>,
 }
 
 impl Server {
@@ -186,6 +188,7 @@ impl Server {
             port: 0,
             resp_listen: 0,
             test_root_token,
+            env: Vec::new(),
         };
         server.spawn();
         server
@@ -193,21 +196,22 @@ impl Server {
 
     fn spawn(&mut self) {
         let listen = format!("127.0.0.1:{}", self.port);
-        // Deletions finish within a second in tests, unless a test asks otherwise.
-        let reap_default = ["--reap-interval-secs", "1"];
-        let reap: &[&str] = if self.extra_args.iter().any(|a| a == "--reap-interval-secs") {
-            &[]
-        } else {
-            &reap_default
-        };
-        // Every test server shares one known root token, unless a test sets its own.
-        let root_default = ["--root-token", ROOT_TOKEN];
-        let root: &[&str] =
-            if !self.test_root_token || self.extra_args.iter().any(|a| a == "--root-token") {
-                &[]
-            } else {
-                &root_default
-            };
+        // Test defaults, each unless the test gives that flag itself: deletions finish
+        // within a second; records move into segments within a third of one, so every
+        // suite reads history through the segment index; every server shares one known
+        // root token (unless the test wants a first start's own).
+        let mut defaults = vec![
+            ("--reap-interval-secs", "1"),
+            ("--compaction-interval-ms", "300"),
+        ];
+        if self.test_root_token {
+            defaults.push(("--root-token", ROOT_TOKEN));
+        }
+        let defaults: Vec<&str> = defaults
+            .into_iter()
+            .filter(|(flag, _)| !self.extra_args.iter().any(|a| a == flag))
+            .flat_map(|(flag, value)| [flag, value])
+            .collect();
         let mut child = Command::new(binary())
             .arg("--data-dir")
             .arg(&self.data_dir)
@@ -216,9 +220,9 @@ impl Server {
             .arg(&listen)
             .arg("--resp-listen")
             .arg(format!("127.0.0.1:{}", self.resp_listen))
-            .args(reap)
-            .args(root)
+            .args(defaults)
             .args(&self.extra_args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env(
                 "STREAMGATE_LOG",
                 std::env::var("STREAMGATE_TEST_LOG").unwrap_or("warn".into()),
@@ -289,6 +293,30 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Sets (or with `None` removes) an environment variable for the next start, e.g.
+    /// `STREAMGATE_CRASH_AT`, which makes the server abort at a named point.
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != key);
+        if let Some(value) = value {
+            self.env.push((key.into(), value.into()));
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own; whether it did.
+    pub fn wait_for_exit(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            match self.child.as_mut().map(|c| c.try_wait().unwrap()) {
+                None | Some(Some(_)) => {
+                    self.child = None;
+                    return true;
+                }
+                Some(None) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        false
     }
 
     /// Starts the server again on the same data directory and port.

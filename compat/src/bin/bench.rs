@@ -3,6 +3,11 @@
 //!
 //!   cargo run --release -p streamgate-compat --bin bench -- [--data-dir DIR] [--seconds N]
 //!
+//! Phases: the request round trip; single-client append latency against the fdatasync
+//! floor; 16-client append throughput against the durable bandwidth; reads of what was
+//! written; reads of history from segments after a restart (cold, then cached); and the
+//! append latency again while another client reads history.
+//!
 //! The server is the release binary, started on a fresh data directory on the filesystem
 //! of `--data-dir`, and driven through the official Rust SDK (protobuf over HTTP/2).
 
@@ -14,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use s2_sdk::types::*;
-use s2_sdk::S2;
+use s2_sdk::{S2Stream, S2};
 use streamgate_compat::Server;
 
 #[derive(Parser)]
@@ -28,6 +33,41 @@ struct Args {
     /// Unary appends in the single-client latency phase.
     #[arg(long, default_value_t = 2000)]
     latency_appends: usize,
+    /// The server's compaction interval: short enough that compaction runs during the
+    /// append phases and the history phase reads segments.
+    #[arg(long, default_value_t = 5000)]
+    compaction_interval_ms: u64,
+}
+
+/// The official SDK against `server`, with no retries (a failure is a finding).
+fn sdk(server: &Server) -> Arc<S2> {
+    let config = S2Config::new(streamgate_compat::ROOT_TOKEN)
+        .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).unwrap())
+        .with_insecure_skip_cert_verification(true)
+        .with_request_timeout(Duration::from_secs(30))
+        .with_retry(RetryConfig::new().with_max_attempts(std::num::NonZeroU32::new(1).unwrap()));
+    Arc::new(S2::new(config).unwrap())
+}
+
+/// Reads a stream from `start` up to `end` in unary reads of up to 1 MiB; the bytes read
+/// and each read's latency.
+async fn read_range(stream: &S2Stream, start: u64, end: u64) -> (usize, Vec<Duration>) {
+    let (mut seq, mut bytes, mut latencies) = (start, 0usize, Vec::new());
+    while seq < end {
+        let began = Instant::now();
+        let batch = stream
+            .read(ReadInput::new().with_start(ReadStart::new().with_from(ReadFrom::SeqNum(seq))))
+            .await
+            .unwrap();
+        latencies.push(began.elapsed());
+        seq = batch.records.last().unwrap().seq_num + 1;
+        bytes += batch.records.iter().map(|r| r.body.len()).sum::<usize>();
+    }
+    (bytes, latencies)
+}
+
+fn mib_per_sec(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / (1 << 20) as f64 / secs
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -139,14 +179,13 @@ async fn main() {
     let bandwidth = bandwidths[1];
     println!("disk floor: durable sequential write (8 MiB writes + fdatasync), median of 3: {bandwidth:.0} MiB/s");
 
-    let server = Server::start(&args.data_dir.join("server"));
+    let interval = args.compaction_interval_ms.to_string();
+    let mut server = Server::start_with(
+        &args.data_dir.join("server"),
+        &["--compaction-interval-ms", &interval],
+    );
     let pid = server.pid().unwrap();
-    let config = S2Config::new(streamgate_compat::ROOT_TOKEN)
-        .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).unwrap())
-        .with_insecure_skip_cert_verification(true)
-        .with_request_timeout(Duration::from_secs(30))
-        .with_retry(RetryConfig::new().with_max_attempts(std::num::NonZeroU32::new(1).unwrap()));
-    let s2 = Arc::new(S2::new(config).unwrap());
+    let s2 = sdk(&server);
     let basin_name: BasinName = "bench-basin".parse().unwrap();
     s2.create_basin(CreateBasinInput::new(basin_name.clone()))
         .await
@@ -265,24 +304,69 @@ async fn main() {
     let stream = basin.stream("throughput".parse().unwrap());
     let tail = stream.check_tail().await.unwrap().seq_num;
     let started = Instant::now();
-    let (mut seq, mut bytes, mut latencies) = (0, 0usize, Vec::new());
-    while seq < tail {
-        let start = Instant::now();
-        let batch = stream
-            .read(ReadInput::new().with_start(ReadStart::new().with_from(ReadFrom::SeqNum(seq))))
-            .await
-            .unwrap();
-        latencies.push(start.elapsed());
-        seq = batch.records.last().unwrap().seq_num + 1;
-        bytes += batch.records.iter().map(|r| r.body.len()).sum::<usize>();
-    }
+    let (bytes, latencies) = read_range(&stream, 0, tail).await;
     let secs = started.elapsed().as_secs_f64();
     println!(
         "unary read, 1 client, 1 MiB batches: {:.0} records/s, {:.1} MiB/s; {}",
         tail as f64 / secs,
-        bytes as f64 / (1 << 20) as f64 / secs,
+        mib_per_sec(bytes, secs),
         summary(latencies)
     );
+    println!("server RSS: {:.0} MiB", rss_mib(pid));
+
+    // 4. Reads of history from segments: once compaction has run, restart the server so
+    //    no cache holds anything, read it all (cold: segments fetched from the store),
+    //    then read the first 128 MiB twice more (the second time from the segment cache).
+    tokio::time::sleep(Duration::from_millis(
+        2 * args.compaction_interval_ms + 1000,
+    ))
+    .await;
+    server.terminate();
+    server.restart();
+    let s2 = sdk(&server);
+    let basin = s2.basin("bench-basin".parse().unwrap());
+    let stream = basin.stream("throughput".parse().unwrap());
+    let started = Instant::now();
+    let (bytes, latencies) = read_range(&stream, 0, tail).await;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "history read from segments, cold (after a restart), 1 MiB batches: {:.1} MiB/s; {}",
+        mib_per_sec(bytes, secs),
+        summary(latencies)
+    );
+    let cached_end = tail.min(128 * 128); // 128 records of 8 KiB per MiB
+    read_range(&stream, 0, cached_end).await;
+    let started = Instant::now();
+    let (bytes, latencies) = read_range(&stream, 0, cached_end).await;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "history read from segments, cached, 1 MiB batches: {:.1} MiB/s; {}",
+        mib_per_sec(bytes, secs),
+        summary(latencies)
+    );
+
+    // 5. Appends while a reader scans history: the single-client ack latency again.
+    let history_reader = {
+        let stream = basin.stream("throughput".parse().unwrap());
+        tokio::spawn(async move {
+            loop {
+                read_range(&stream, 0, tail).await;
+            }
+        })
+    };
+    let stream = basin.stream("latency".parse().unwrap());
+    let mut latencies = Vec::new();
+    for _ in 0..args.latency_appends / 2 {
+        let start = Instant::now();
+        stream.append(batch(1, 100)).await.unwrap();
+        latencies.push(start.elapsed());
+    }
+    history_reader.abort();
+    println!(
+        "unary append, 1 client, 1 x 100 B record, while another client reads history: {}",
+        summary(latencies)
+    );
+    let pid = server.pid().unwrap();
     println!("server RSS at the end: {:.0} MiB", rss_mib(pid));
     drop(server);
     let _ = std::fs::remove_dir_all(&args.data_dir);

@@ -96,6 +96,8 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn pending_deletions(&self) -> Result<(Vec<StreamRecord>, Vec<BasinName>)>;
     /// Every stream that is not deleted, for recovery.
     async fn live_streams(&self) -> Result<Vec<StreamRecord>>;
+    /// Whether a stream of this id exists and is not deleted.
+    async fn stream_is_live(&self, id: u64) -> Result<bool>;
 
     /// Returns a number greater than every number it returned before, durably: each
     /// process start takes one, and names its write-ahead log after it.
@@ -264,6 +266,12 @@ pub(crate) async fn conformance(store: &dyn MetadataStore) {
         .map(|s| s.id)
         .collect();
     assert_eq!(live, vec![b.id]);
+    assert!(store.stream_is_live(b.id).await.unwrap());
+    assert!(!store.stream_is_live(a.id).await.unwrap(), "deleted");
+    assert!(
+        !store.stream_is_live(987_654).await.unwrap(),
+        "never existed"
+    );
     let (streams, basins) = store.pending_deletions().await.unwrap();
     assert_eq!(streams.iter().map(|s| s.id).collect::<Vec<_>>(), vec![a.id]);
     assert!(basins.is_empty());
@@ -408,7 +416,7 @@ async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
     let checkpoint = |next_seq: u64| StreamCheckpoint {
         next_seq,
         last_timestamp: u64::MAX - 1, // restored exactly, even beyond i64
-        fencing_token: "fence".into(),
+        fencing_token: "fen\0ce".into(), // NUL is valid UTF-8, so a valid token
         trim_point: 3,
     };
     let gone = 999_999; // no such stream: its segment must not be indexed
@@ -433,6 +441,18 @@ async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
         .commit_compaction(
             &CompactionCommit {
                 wal_watermarks: vec![(2, 9)],
+                ..Default::default()
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.wal_watermarks().await.unwrap()[&2], 9);
+    // Watermarks never move back.
+    store
+        .commit_compaction(
+            &CompactionCommit {
+                wal_watermarks: vec![(2, 3)],
                 ..Default::default()
             },
             now,

@@ -118,7 +118,7 @@ CREATE TABLE stream_checkpoints (
     stream_id      INTEGER PRIMARY KEY,
     next_seq       INTEGER NOT NULL,
     last_timestamp INTEGER NOT NULL,
-    fencing_token  TEXT NOT NULL,
+    fencing_token  BLOB NOT NULL,
     trim_point     INTEGER NOT NULL
 );
 CREATE TABLE wal_watermarks (
@@ -146,7 +146,7 @@ CREATE TABLE stream_checkpoints (
     stream_id      BIGINT PRIMARY KEY,
     next_seq       BIGINT NOT NULL,
     last_timestamp BIGINT NOT NULL,
-    fencing_token  TEXT NOT NULL,
+    fencing_token  BYTEA NOT NULL,
     trim_point     BIGINT NOT NULL
 );
 CREATE TABLE wal_watermarks (
@@ -383,6 +383,9 @@ fn segment_from_row(row: &AnyRow) -> Result<SegmentRecord> {
         entries,
     })
 }
+
+/// A row if stream `$1` exists and is not deleted.
+const LIVE_STREAM: &str = "SELECT 1 FROM streams WHERE id = $1 AND deleted_at_ms IS NULL";
 
 const SEGMENT_COLUMNS: &str = "stream_id, object_key, entries";
 
@@ -736,6 +739,15 @@ impl MetadataStore for SqlMetadataStore {
         .collect()
     }
 
+    async fn stream_is_live(&self, id: u64) -> Result<bool> {
+        let found = sqlx::query(LIVE_STREAM)
+            .bind(id as i64)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(found.is_some())
+    }
+
     async fn next_epoch(&self) -> Result<u64> {
         let epoch: i64 = sqlx::query_scalar(
             "UPDATE node_epoch SET epoch = epoch + 1 WHERE singleton = 1 RETURNING epoch",
@@ -756,12 +768,11 @@ impl MetadataStore for SqlMetadataStore {
         let ids = commit.segments.iter().map(|s| s.stream_id);
         for id in ids.chain(commit.checkpoints.iter().map(|(id, _)| *id)) {
             if let std::collections::hash_map::Entry::Vacant(slot) = live.entry(id) {
-                let found =
-                    sqlx::query("SELECT 1 FROM streams WHERE id = $1 AND deleted_at_ms IS NULL")
-                        .bind(id as i64)
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .map_err(db)?;
+                let found = sqlx::query(LIVE_STREAM)
+                    .bind(id as i64)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db)?;
                 slot.insert(found.is_some());
             }
         }
@@ -773,7 +784,9 @@ impl MetadataStore for SqlMetadataStore {
             }
             sqlx::query(
                 "INSERT INTO segments (stream_id, start_seq, end_seq, last_timestamp, object_key, entries) \
-                 VALUES ($1, $2, $3, $4, $5, $6)",
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (stream_id, start_seq) DO UPDATE SET \
+                 end_seq = excluded.end_seq, last_timestamp = excluded.last_timestamp, \
+                 object_key = excluded.object_key, entries = excluded.entries",
             )
             .bind(segment.stream_id as i64)
             .bind(column(segment.start_seq()))
@@ -790,13 +803,15 @@ impl MetadataStore for SqlMetadataStore {
                 "INSERT INTO stream_checkpoints (stream_id, next_seq, last_timestamp, fencing_token, trim_point) \
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT (stream_id) DO UPDATE SET \
                  next_seq = excluded.next_seq, last_timestamp = excluded.last_timestamp, \
-                 fencing_token = excluded.fencing_token, trim_point = excluded.trim_point",
+                 fencing_token = excluded.fencing_token, trim_point = excluded.trim_point \
+                 WHERE excluded.next_seq >= stream_checkpoints.next_seq",
             )
             .bind(*id as i64)
             // Stored bit for bit (never compared in a query), so restored exactly.
             .bind(checkpoint.next_seq as i64)
             .bind(checkpoint.last_timestamp as i64)
-            .bind(&checkpoint.fencing_token)
+            // Bytes: a token may hold any UTF-8, NUL included, which TEXT refuses.
+            .bind(checkpoint.fencing_token.as_bytes())
             .bind(checkpoint.trim_point as i64)
             .execute(&mut *tx)
             .await
@@ -805,7 +820,8 @@ impl MetadataStore for SqlMetadataStore {
         for (epoch, next_chunk) in &commit.wal_watermarks {
             sqlx::query(
                 "INSERT INTO wal_watermarks (epoch, next_chunk) VALUES ($1, $2) \
-                 ON CONFLICT (epoch) DO UPDATE SET next_chunk = excluded.next_chunk",
+                 ON CONFLICT (epoch) DO UPDATE SET next_chunk = excluded.next_chunk \
+                 WHERE excluded.next_chunk > wal_watermarks.next_chunk",
             )
             .bind(*epoch as i64)
             .bind(*next_chunk as i64)
@@ -825,18 +841,18 @@ impl MetadataStore for SqlMetadataStore {
         .fetch_all(&self.pool)
         .await
         .map_err(db)?;
-        Ok(rows
-            .iter()
+        rows.iter()
             .map(|row| {
                 let checkpoint = StreamCheckpoint {
                     next_seq: row.get::<i64, _>("next_seq") as u64,
                     last_timestamp: row.get::<i64, _>("last_timestamp") as u64,
-                    fencing_token: row.get("fencing_token"),
+                    fencing_token: String::from_utf8(row.get("fencing_token"))
+                        .map_err(|_| Error::storage("a stored fencing token is not UTF-8"))?,
                     trim_point: row.get::<i64, _>("trim_point") as u64,
                 };
-                (row.get::<i64, _>("stream_id") as u64, checkpoint)
+                Ok((row.get::<i64, _>("stream_id") as u64, checkpoint))
             })
-            .collect())
+            .collect()
     }
 
     async fn wal_watermarks(&self) -> Result<BTreeMap<u64, u64>> {
