@@ -360,6 +360,7 @@ impl Compactor {
 /// entry's bytes verbatim.
 fn cut_segments(stream_id: u64, entries: &[(Bytes, SegmentEntry)]) -> Vec<(SegmentRecord, Bytes)> {
     let mut segments = Vec::new();
+    let written_at_ms = OffsetDateTime::now_utc().unix_timestamp_nanos() as u64 / 1_000_000;
     let mut rest = entries;
     while !rest.is_empty() {
         let key = segment_key(stream_id, rest[0].1.start_seq);
@@ -380,6 +381,7 @@ fn cut_segments(stream_id: u64, entries: &[(Bytes, SegmentEntry)]) -> Vec<(Segme
             SegmentRecord {
                 stream_id,
                 key,
+                written_at_ms,
                 entries: index,
             },
             bytes,

@@ -64,7 +64,8 @@ impl Engine {
         let now_ms = OffsetDateTime::now_utc().unix_timestamp_nanos() as u64 / 1_000_000;
         {
             let config = stream.config();
-            let expired_before = match config.retention_policy {
+            // Records arrived no later than their segment was written.
+            let written_before_ms = match config.retention_policy {
                 Some(RetentionPolicy::Age(secs)) => {
                     now_ms.saturating_sub(secs.saturating_mul(1000))
                 }
@@ -79,7 +80,7 @@ impl Engine {
                 _ => self.metadata().segment_at(stream.id, 0).await?,
             };
             if first.as_ref().is_some_and(|segment| {
-                segment.end_seq() <= trim_point || segment.last_timestamp() < expired_before
+                segment.end_seq() <= trim_point || segment.written_at_ms < written_before_ms
             }) {
                 for _ in 0..STEPS_PER_PASS {
                     let dropped = self
@@ -87,7 +88,7 @@ impl Engine {
                         .drop_segments(
                             stream.id,
                             trim_point,
-                            expired_before,
+                            written_before_ms,
                             SEGMENTS_PER_STEP,
                             self.obsolete_after(),
                         )

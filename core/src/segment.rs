@@ -45,6 +45,10 @@ pub struct SegmentEntry {
 pub struct SegmentRecord {
     pub stream_id: u64,
     pub key: String,
+    /// When compaction wrote it (ms since the epoch): no later than one compaction
+    /// interval (plus any backlog) after its records arrived. Retention ages records by
+    /// this, not by their timestamps, which clients may set to anything.
+    pub written_at_ms: u64,
     /// In sequence order, contiguous: the segment covers `entries[0].start_seq` up to
     /// the last entry's `end_seq`.
     pub entries: Vec<SegmentEntry>,
@@ -154,6 +158,7 @@ mod tests {
         let record = SegmentRecord {
             stream_id: 7,
             key: segment_key(7, 10),
+            written_at_ms: 1,
             entries: vec![
                 SegmentEntry {
                     start_seq: 10,

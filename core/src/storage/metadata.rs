@@ -124,13 +124,13 @@ pub trait MetadataStore: Send + Sync + 'static {
         timestamp: u64,
     ) -> Result<Option<SegmentRecord>>;
     /// Removes up to `limit` of a stream's oldest segments that lie wholly below
-    /// `trim_point` or end before `expired_before` (a timestamp), recording their objects
-    /// as obsolete from `obsolete_after`; how many it removed.
+    /// `trim_point` or were written before `written_before_ms` (expired), recording their
+    /// objects as obsolete from `obsolete_after`; how many it removed.
     async fn drop_segments(
         &self,
         stream_id: u64,
         trim_point: u64,
-        expired_before: u64,
+        written_before_ms: u64,
         limit: usize,
         obsolete_after: OffsetDateTime,
     ) -> Result<usize>;
@@ -392,9 +392,11 @@ async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
     use crate::wal::EntrySpan;
 
     let now = OffsetDateTime::now_utc();
+    // Written at `last_timestamp` too, so the test's times line up.
     let segment = |stream_id: u64, start: u64, end: u64, last_timestamp: u64| SegmentRecord {
         stream_id,
         key: segment_key(stream_id, start),
+        written_at_ms: last_timestamp,
         entries: vec![
             SegmentEntry {
                 start_seq: start,

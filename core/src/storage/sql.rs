@@ -109,6 +109,7 @@ CREATE TABLE segments (
     end_seq        INTEGER NOT NULL,
     last_timestamp INTEGER NOT NULL,
     object_key     TEXT NOT NULL,
+    written_at_ms  INTEGER NOT NULL,
     entries        BLOB NOT NULL,
     PRIMARY KEY (stream_id, start_seq)
 );
@@ -137,6 +138,7 @@ CREATE TABLE segments (
     end_seq        BIGINT NOT NULL,
     last_timestamp BIGINT NOT NULL,
     object_key     TEXT NOT NULL,
+    written_at_ms  BIGINT NOT NULL,
     entries        BYTEA NOT NULL,
     PRIMARY KEY (stream_id, start_seq)
 );
@@ -380,6 +382,7 @@ fn segment_from_row(row: &AnyRow) -> Result<SegmentRecord> {
     Ok(SegmentRecord {
         stream_id: row.get::<i64, _>("stream_id") as u64,
         key,
+        written_at_ms: row.get::<i64, _>("written_at_ms") as u64,
         entries,
     })
 }
@@ -387,7 +390,7 @@ fn segment_from_row(row: &AnyRow) -> Result<SegmentRecord> {
 /// A row if stream `$1` exists and is not deleted.
 const LIVE_STREAM: &str = "SELECT 1 FROM streams WHERE id = $1 AND deleted_at_ms IS NULL";
 
-const SEGMENT_COLUMNS: &str = "stream_id, object_key, entries";
+const SEGMENT_COLUMNS: &str = "stream_id, object_key, written_at_ms, entries";
 
 /// Records objects as obsolete (deletable from `after`) inside a transaction: by key, or
 /// every object a `SELECT object_key ...` query returns.
@@ -783,16 +786,18 @@ impl MetadataStore for SqlMetadataStore {
                 continue;
             }
             sqlx::query(
-                "INSERT INTO segments (stream_id, start_seq, end_seq, last_timestamp, object_key, entries) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (stream_id, start_seq) DO UPDATE SET \
+                "INSERT INTO segments (stream_id, start_seq, end_seq, last_timestamp, object_key, written_at_ms, entries) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (stream_id, start_seq) DO UPDATE SET \
                  end_seq = excluded.end_seq, last_timestamp = excluded.last_timestamp, \
-                 object_key = excluded.object_key, entries = excluded.entries",
+                 object_key = excluded.object_key, written_at_ms = excluded.written_at_ms, \
+                 entries = excluded.entries",
             )
             .bind(segment.stream_id as i64)
             .bind(column(segment.start_seq()))
             .bind(column(segment.end_seq()))
             .bind(column(segment.last_timestamp()))
             .bind(&segment.key)
+            .bind(column(segment.written_at_ms))
             .bind(segment.encode_entries())
             .execute(&mut *tx)
             .await
@@ -904,20 +909,20 @@ impl MetadataStore for SqlMetadataStore {
         &self,
         stream_id: u64,
         trim_point: u64,
-        expired_before: u64,
+        written_before_ms: u64,
         limit: usize,
         obsolete_after: OffsetDateTime,
     ) -> Result<usize> {
         let mut tx = self.write_transaction().await?;
-        // Both conditions select a prefix of the stream's segments (timestamps never go
-        // backwards), so the selection ends at the last start it returns.
+        // Both conditions select a prefix of the stream's segments (rounds write them in
+        // order), so the selection ends at the last start it returns.
         let starts: Vec<i64> = sqlx::query_scalar(
             "SELECT start_seq FROM segments WHERE stream_id = $1 \
-             AND (end_seq <= $2 OR last_timestamp < $3) ORDER BY end_seq LIMIT $4",
+             AND (end_seq <= $2 OR written_at_ms < $3) ORDER BY end_seq LIMIT $4",
         )
         .bind(stream_id as i64)
         .bind(column(trim_point))
-        .bind(column(expired_before))
+        .bind(column(written_before_ms))
         .bind(limit as i64)
         .fetch_all(&mut *tx)
         .await
