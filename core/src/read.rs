@@ -107,9 +107,21 @@ impl StreamReader {
             None if clamp => tail.seq_num,
             None => return Err(Error::RangeNotSatisfiable { tail }),
         };
-        let trim_point = state.visible().trim_point;
+        let (trim_point, compacted_through) = {
+            let visible = state.visible();
+            (visible.trim_point, visible.compacted.seq_num)
+        };
+        let mut position = position.max(trim_point);
+        if position < compacted_through {
+            // Past records that retention removed too, so `position` is the first
+            // retained record (what XLEN counts from).
+            position = match engine.metadata().segment_at(state.id, position).await? {
+                Some(segment) => position.max(segment.start_seq()).min(compacted_through),
+                None => compacted_through,
+            };
+        }
         Ok(StreamReader {
-            position: position.max(trim_point),
+            position,
             engine,
             state,
             tail_changes,

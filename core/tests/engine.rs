@@ -915,6 +915,15 @@ async fn trims_retention_delete_on_empty_and_deletion_remove_whole_objects() {
         8,
         "expiry keeps the tail"
     );
+    let reader = engine
+        .open_reader(&basin(), &expiring, ReadStart::SeqNum(0), false, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        reader.position(),
+        8,
+        "a reader starts at the first retained record"
+    );
 
     // Delete-on-empty: trimmed empty, it is deleted a second later.
     engine
