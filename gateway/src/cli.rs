@@ -88,7 +88,7 @@ pub struct Args {
 
     /// How often WAL chunks are compacted into per-stream segments (milliseconds).
     /// Longer: fewer and larger segment objects (fewer requests), more WAL to keep and to
-    /// replay at start-up. Compacted chunks are deleted one interval later.
+    /// replay at start-up. Compacted chunks are deleted one interval (at least 5 s) later.
     #[arg(
         long,
         env = "STREAMGATE_COMPACTION_INTERVAL_MS",
