@@ -158,7 +158,7 @@ impl Compactor {
                 }
                 run.checkpoint.replay(&entry.records);
                 let span = entry.span;
-                let bytes = chunk.slice(span.offset as usize..(span.offset + span.len) as usize);
+                let bytes = span.cut(&chunk);
                 run.entries.push((
                     bytes,
                     SegmentEntry {
@@ -360,7 +360,7 @@ impl Compactor {
 /// entry's bytes verbatim.
 fn cut_segments(stream_id: u64, entries: &[(Bytes, SegmentEntry)]) -> Vec<(SegmentRecord, Bytes)> {
     let mut segments = Vec::new();
-    let written_at_ms = OffsetDateTime::now_utc().unix_timestamp_nanos() as u64 / 1_000_000;
+    let written_at_ms = crate::engine::now_ms();
     let mut rest = entries;
     while !rest.is_empty() {
         let key = segment_key(stream_id, rest[0].1.start_seq);
@@ -414,7 +414,7 @@ mod tests {
             .iter()
             .zip(0u64..)
             .map(|(span, i): (&EntrySpan, u64)| {
-                let bytes = chunk.slice(span.offset as usize..(span.offset + span.len) as usize);
+                let bytes = span.cut(&chunk);
                 let entry = SegmentEntry {
                     start_seq: i,
                     end_seq: i + 1,
@@ -436,8 +436,7 @@ mod tests {
             );
             for entry in &record.entries {
                 let span = entry.span;
-                let cut = bytes.slice(span.offset as usize..(span.offset + span.len) as usize);
-                let (stream_id, records) = decode_entry(&record.key, cut).unwrap();
+                let (stream_id, records) = decode_entry(&record.key, span.cut(bytes)).unwrap();
                 assert_eq!((stream_id, records[0].seq_num), (9, entry.start_seq));
             }
         }

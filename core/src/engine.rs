@@ -105,7 +105,7 @@ struct Inner {
     inflight: Arc<tokio::sync::Semaphore>,
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -824,26 +824,20 @@ impl Engine {
     /// or deleted meanwhile, so its records are no longer readable: none are returned.
     pub(crate) async fn load(&self, location: &BatchLocation) -> Result<Vec<SequencedRecord>> {
         let span = location.span;
-        let range = span.offset as usize..(span.offset + span.len) as usize;
         let key = &location.object;
         let bytes = match location.stored {
             Stored::WalChunk => match self.inner.cache.get(key) {
-                Some(chunk) => chunk.slice(range),
-                None => {
-                    self.inner
-                        .objects
-                        .get_range(key, span.offset..span.offset + span.len)
-                        .await?
-                }
+                Some(chunk) => span.cut(&chunk),
+                None => self.inner.objects.get_range(key, span.range()).await?,
             },
             Stored::Segment => match self.inner.segment_cache.get(key) {
-                Some(segment) => segment.slice(range),
+                Some(segment) => span.cut(&segment),
                 None => match self.inner.objects.get(key).await? {
-                    Some(segment) if segment.len() >= range.end => {
+                    Some(segment) if segment.len() as u64 >= span.range().end => {
                         self.inner
                             .segment_cache
                             .insert(key.clone(), segment.clone());
-                        segment.slice(range)
+                        span.cut(&segment)
                     }
                     Some(_) => {
                         return Err(Error::storage(format!(
@@ -908,14 +902,7 @@ impl Engine {
                     break;
                 }
                 covered += entry.end_seq - entry.start_seq.max(from);
-                locations.push(BatchLocation {
-                    start_seq: entry.start_seq,
-                    end_seq: entry.end_seq,
-                    last_timestamp: entry.last_timestamp,
-                    object: key.clone(),
-                    stored: Stored::Segment,
-                    span: entry.span,
-                });
+                locations.push(BatchLocation::in_segment(key.clone(), entry));
             }
             from = segment.end_seq();
         }
@@ -944,14 +931,7 @@ impl Engine {
         else {
             return Ok(None);
         };
-        let location = BatchLocation {
-            start_seq: entry.start_seq,
-            end_seq: entry.end_seq,
-            last_timestamp: entry.last_timestamp,
-            object: segment.key.as_str().into(),
-            stored: Stored::Segment,
-            span: entry.span,
-        };
+        let location = BatchLocation::in_segment(segment.key.as_str().into(), entry);
         let records = self.load(&location).await?;
         Ok(records
             .iter()

@@ -60,51 +60,74 @@ impl Engine {
         Ok(())
     }
 
+    /// Retention, trim and delete-on-empty for one stream.
     async fn bound_stream(&self, basin: &BasinName, stream: &Arc<StreamState>) -> Result<()> {
-        let now_ms = OffsetDateTime::now_utc().unix_timestamp_nanos() as u64 / 1_000_000;
-        {
-            let config = stream.config();
-            // Records arrived no later than their segment was written.
-            let written_before_ms = match config.retention_policy {
-                Some(RetentionPolicy::Age(secs)) => {
-                    now_ms.saturating_sub(secs.saturating_mul(1000))
-                }
-                _ => 0,
-            };
-            let (trim_point, compacted) = {
-                let visible = stream.visible();
-                (visible.trim_point, visible.compacted)
-            };
-            let first = match compacted.seq_num {
-                0 => None,
-                _ => self.metadata().segment_at(stream.id, 0).await?,
-            };
-            if first.as_ref().is_some_and(|segment| {
-                segment.end_seq() <= trim_point || segment.written_at_ms < written_before_ms
-            }) {
-                for _ in 0..STEPS_PER_PASS {
-                    let dropped = self
-                        .metadata()
-                        .drop_segments(
-                            stream.id,
-                            trim_point,
-                            written_before_ms,
-                            SEGMENTS_PER_STEP,
-                            self.obsolete_after(),
-                        )
-                        .await?;
-                    if dropped < SEGMENTS_PER_STEP {
-                        break;
-                    }
-                }
+        let config = stream.config();
+        // Records arrived no later than their segment was written.
+        let written_before_ms = match config.retention_policy {
+            Some(RetentionPolicy::Age(secs)) => {
+                crate::engine::now_ms().saturating_sub(secs.saturating_mul(1000))
             }
-            let min_age = config.delete_on_empty.map_or(0, |d| d.min_age_secs);
-            if min_age > 0 {
-                self.delete_if_empty_long_enough(basin, stream, Duration::from_secs(min_age))
-                    .await?;
-            }
+            _ => 0,
+        };
+        let (trim_point, compacted) = {
+            let visible = stream.visible();
+            (visible.trim_point, visible.compacted)
+        };
+        // Only the oldest segment is looked at unless there is something to drop.
+        let first = match compacted.seq_num {
+            0 => None,
+            _ => self.metadata().segment_at(stream.id, 0).await?,
+        };
+        if first.is_some_and(|segment| {
+            segment.end_seq() <= trim_point || segment.written_at_ms < written_before_ms
+        }) {
+            self.drop_segments_in_steps(stream.id, trim_point, written_before_ms)
+                .await?;
+        }
+        let min_age = config.delete_on_empty.map_or(0, |d| d.min_age_secs);
+        if min_age > 0 {
+            self.delete_if_empty_long_enough(basin, stream, Duration::from_secs(min_age))
+                .await?;
         }
         Ok(())
+    }
+
+    /// Drops a stream's segments below `trim_point` or written before
+    /// `written_before_ms`, a bounded step at a time, for at most one pass's worth of
+    /// steps; whether none is left to drop.
+    async fn drop_segments_in_steps(
+        &self,
+        stream_id: u64,
+        trim_point: u64,
+        written_before_ms: u64,
+    ) -> Result<bool> {
+        for _ in 0..STEPS_PER_PASS {
+            let dropped = self
+                .metadata()
+                .drop_segments(
+                    stream_id,
+                    trim_point,
+                    written_before_ms,
+                    SEGMENTS_PER_STEP,
+                    self.obsolete_after(),
+                )
+                .await?;
+            if dropped < SEGMENTS_PER_STEP {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Deletes objects, several at a time.
+    async fn delete_objects(&self, keys: Vec<String>) -> Result<()> {
+        stream::iter(keys)
+            .map(|key| async move { self.objects().delete(&key).await })
+            .buffer_unordered(PARALLEL_DELETES)
+            .try_collect::<Vec<()>>()
+            .await
+            .map(|_| ())
     }
 
     /// A stream is empty when no record of it is readable: everything is trimmed, or it
@@ -169,27 +192,13 @@ impl Engine {
         for stream in &streams {
             // Records of deleted streams are skipped by reads, compaction and recovery
             // (their id is gone); their WAL bytes go with the chunks that hold them.
-            let mut done = false;
-            for _ in 0..STEPS_PER_PASS {
-                let dropped = metadata
-                    .drop_segments(
-                        stream.id,
-                        u64::MAX,
-                        u64::MAX,
-                        SEGMENTS_PER_STEP,
-                        self.obsolete_after(),
-                    )
-                    .await?;
-                if dropped < SEGMENTS_PER_STEP {
-                    done = true;
-                    break;
-                }
-            }
-            if done {
+            if self
+                .drop_segments_in_steps(stream.id, u64::MAX, u64::MAX)
+                .await?
+            {
                 // Segments a crashed compaction round wrote but never indexed.
-                for key in self.objects().list(&segment_prefix(stream.id)).await? {
-                    self.objects().delete(&key).await?;
-                }
+                let orphans = self.objects().list(&segment_prefix(stream.id)).await?;
+                self.delete_objects(orphans).await?;
                 metadata.remove_stream(stream.id).await?;
             }
         }
@@ -220,11 +229,7 @@ impl Engine {
                 .metadata()
                 .obsolete_objects(now, OBJECTS_PER_STEP)
                 .await?;
-            stream::iter(keys.clone())
-                .map(|key| async move { self.objects().delete(&key).await })
-                .buffer_unordered(PARALLEL_DELETES)
-                .try_collect::<Vec<()>>()
-                .await?;
+            self.delete_objects(keys.clone()).await?;
             self.metadata().forget_obsolete_objects(&keys).await?;
             if keys.len() < OBJECTS_PER_STEP {
                 break;

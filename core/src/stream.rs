@@ -65,6 +65,20 @@ pub(crate) struct BatchLocation {
     pub span: EntrySpan,
 }
 
+impl BatchLocation {
+    /// Where a batch of a segment lies, from the segment's index entry.
+    pub fn in_segment(key: Arc<str>, entry: &crate::segment::SegmentEntry) -> Self {
+        BatchLocation {
+            start_seq: entry.start_seq,
+            end_seq: entry.end_seq,
+            last_timestamp: entry.last_timestamp,
+            object: key,
+            stored: Stored::Segment,
+            span: entry.span,
+        }
+    }
+}
+
 /// A batch the sequencer has accepted, on its way to the WAL.
 pub(crate) struct SequencedBatch {
     pub stream: Arc<StreamState>,

@@ -45,6 +45,17 @@ pub struct EntrySpan {
     pub len: u64,
 }
 
+impl EntrySpan {
+    pub fn range(&self) -> std::ops::Range<u64> {
+        self.offset..self.offset + self.len
+    }
+
+    /// The entry's bytes, cut out of the whole object that holds it.
+    pub fn cut(&self, object: &Bytes) -> Bytes {
+        object.slice(self.offset as usize..(self.offset + self.len) as usize)
+    }
+}
+
 /// Builds a chunk out of entries, remembering each entry's span.
 pub struct ChunkBuilder {
     buf: BytesMut,
@@ -258,11 +269,7 @@ mod tests {
         assert_eq!(entries.iter().map(|e| e.span).collect::<Vec<_>>(), spans);
 
         let span = spans[1];
-        let (id, records) = decode_entry(
-            "c",
-            chunk.slice(span.offset as usize..(span.offset + span.len) as usize),
-        )
-        .unwrap();
+        let (id, records) = decode_entry("c", span.cut(&chunk)).unwrap();
         assert_eq!(id, 9);
         assert_eq!(records, entries[1].records);
     }

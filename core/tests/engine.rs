@@ -145,6 +145,15 @@ async fn setup(engine: &Caller, name: &str) -> StreamName {
     stream(name)
 }
 
+/// The test basin, creating streams on append.
+async fn create_auto_creating_basin(engine: &Caller) {
+    let config = BasinConfig {
+        create_stream_on_append: true,
+        ..Default::default()
+    };
+    engine.create_basin(basin(), config, None).await.unwrap();
+}
+
 #[tokio::test]
 async fn acknowledged_records_fences_and_trims_survive_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -517,11 +526,7 @@ async fn a_torn_chunk_ends_its_epoch_in_recovery() {
 async fn concurrent_appends_auto_creating_one_stream_all_succeed() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path()).await;
-    let config = BasinConfig {
-        create_stream_on_append: true,
-        ..Default::default()
-    };
-    engine.create_basin(basin(), config, None).await.unwrap();
+    create_auto_creating_basin(&engine).await;
     for round in 0..50 {
         let name = stream(&format!("raced-{round}"));
         let appends: Vec<_> = (0..32)
@@ -545,11 +550,7 @@ async fn concurrent_appends_auto_creating_one_stream_all_succeed() {
 async fn auto_creation_follows_the_basin_config() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path()).await;
-    let config = BasinConfig {
-        create_stream_on_append: true,
-        ..Default::default()
-    };
-    engine.create_basin(basin(), config, None).await.unwrap();
+    create_auto_creating_basin(&engine).await;
     assert!(matches!(
         engine.check_tail(&basin(), &stream("nope"), None).await,
         Err(Error::StreamNotFound(_))

@@ -304,19 +304,19 @@ impl Server {
         }
     }
 
-    /// Waits up to `timeout` for the process to exit on its own; whether it did.
-    pub fn wait_for_exit(&mut self, timeout: Duration) -> bool {
+    /// Waits up to `timeout` for the running process to exit on its own; how it ended,
+    /// or `None` if it is still running.
+    pub fn wait_for_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            match self.child.as_mut().map(|c| c.try_wait().unwrap()) {
-                None | Some(Some(_)) => {
-                    self.child = None;
-                    return true;
-                }
-                Some(None) => std::thread::sleep(Duration::from_millis(20)),
+            let child = self.child.as_mut().expect("the server is running");
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return Some(status);
             }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        false
+        None
     }
 
     /// Starts the server again on the same data directory and port.

@@ -516,12 +516,7 @@ async fn kill_9_in_the_middle_of_a_basin_deletion_finishes_it_after_restart() {
                 .status();
             assert_eq!(status, 200);
         }
-        let deleted = client
-            .delete(format!("{endpoint}/v1/basins/{basin}"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(deleted.status(), 202);
+        delete_basin(&client, &endpoint, basin).await;
         // The reaper runs every second in tests: kill somewhere around it.
         let delay = rand::rng().random_range(0..1500);
         tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -555,14 +550,19 @@ async fn kill_9_in_the_middle_of_a_basin_deletion_finishes_it_after_restart() {
         assert!(streamgate_tests::read_stream(&endpoint, basin, "s0")
             .await
             .is_empty());
-        let cleanup = client
-            .delete(format!("{endpoint}/v1/basins/{basin}"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(cleanup.status(), 202);
+        delete_basin(&client, &endpoint, basin).await;
         assert!(basin_gone(&client, &endpoint, basin).await);
     }
+}
+
+/// Deletes a basin, which the server accepts for asynchronous deletion (202).
+async fn delete_basin(client: &Client, endpoint: &str, basin: &str) {
+    let deleted = client
+        .delete(format!("{endpoint}/v1/basins/{basin}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 202, "deleting basin {basin}");
 }
 
 /// Waits up to 10 s for a deleted basin to leave the listing; whether it did.
@@ -644,9 +644,11 @@ async fn a_crash_in_the_middle_of_compaction_loses_nothing() {
 
         let history = Arc::new(Mutex::new(History::default()));
         let clients = append_until_the_server_dies(&endpoint, 0, &history).await;
-        assert!(
-            server.wait_for_exit(Duration::from_secs(30)),
-            "the server aborted at {point}"
+        let status = server.wait_for_exit(Duration::from_secs(30));
+        assert_eq!(
+            status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s)),
+            Some(6),
+            "the server aborted (SIGABRT) at {point}, not otherwise: {status:?}"
         );
         for client in clients {
             client.await.unwrap();

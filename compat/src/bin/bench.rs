@@ -66,8 +66,17 @@ async fn read_range(stream: &S2Stream, start: u64, end: u64) -> (usize, Vec<Dura
     (bytes, latencies)
 }
 
-fn mib_per_sec(bytes: usize, secs: f64) -> f64 {
-    bytes as f64 / (1 << 20) as f64 / secs
+/// Reads records 0..`end` and prints the rate and the latency of each 1 MiB read.
+async fn timed_read(stream: &S2Stream, end: u64, what: &str) {
+    let started = Instant::now();
+    let (bytes, latencies) = read_range(stream, 0, end).await;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "{what}, 1 MiB batches: {:.0} records/s, {:.1} MiB/s; {}",
+        end as f64 / secs,
+        bytes as f64 / (1 << 20) as f64 / secs,
+        summary(latencies)
+    );
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -303,15 +312,7 @@ async fn main() {
     // 3. Unary reads of everything just written, 1 MiB batches.
     let stream = basin.stream("throughput".parse().unwrap());
     let tail = stream.check_tail().await.unwrap().seq_num;
-    let started = Instant::now();
-    let (bytes, latencies) = read_range(&stream, 0, tail).await;
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "unary read, 1 client, 1 MiB batches: {:.0} records/s, {:.1} MiB/s; {}",
-        tail as f64 / secs,
-        mib_per_sec(bytes, secs),
-        summary(latencies)
-    );
+    timed_read(&stream, tail, "unary read, 1 client").await;
     println!("server RSS: {:.0} MiB", rss_mib(pid));
 
     // 4. Reads of history from segments: once compaction has run, restart the server so
@@ -326,24 +327,15 @@ async fn main() {
     let s2 = sdk(&server);
     let basin = s2.basin("bench-basin".parse().unwrap());
     let stream = basin.stream("throughput".parse().unwrap());
-    let started = Instant::now();
-    let (bytes, latencies) = read_range(&stream, 0, tail).await;
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "history read from segments, cold (after a restart), 1 MiB batches: {:.1} MiB/s; {}",
-        mib_per_sec(bytes, secs),
-        summary(latencies)
-    );
+    timed_read(
+        &stream,
+        tail,
+        "history read from segments, cold (after a restart)",
+    )
+    .await;
     let cached_end = tail.min(128 * 128); // 128 records of 8 KiB per MiB
     read_range(&stream, 0, cached_end).await;
-    let started = Instant::now();
-    let (bytes, latencies) = read_range(&stream, 0, cached_end).await;
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "history read from segments, cached, 1 MiB batches: {:.1} MiB/s; {}",
-        mib_per_sec(bytes, secs),
-        summary(latencies)
-    );
+    timed_read(&stream, cached_end, "history read from segments, cached").await;
 
     // 5. Appends while a reader scans history: the single-client ack latency again.
     let history_reader = {

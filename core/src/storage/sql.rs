@@ -489,12 +489,7 @@ impl MetadataStore for SqlMetadataStore {
         .map_err(db)?;
         if let Some(row) = existing {
             let existing = basin_from_row(&row)?;
-            let outcome = existing_outcome(
-                &existing.deleted_at,
-                &existing.idempotency_key,
-                &basin.idempotency_key,
-            );
-            return found_existing(tx, outcome, existing, || {
+            return found_existing(tx, existing, &basin.idempotency_key, || {
                 (
                     Error::BasinDeletionPending(basin.name.to_string()),
                     Error::AlreadyExists(format!("basin `{}`", basin.name)),
@@ -612,12 +607,7 @@ impl MetadataStore for SqlMetadataStore {
         .map_err(db)?;
         if let Some(row) = existing {
             let existing = stream_from_row(&row)?;
-            let outcome = existing_outcome(
-                &existing.deleted_at,
-                &existing.idempotency_key,
-                &stream.idempotency_key,
-            );
-            return found_existing(tx, outcome, existing, || {
+            return found_existing(tx, existing, &stream.idempotency_key, || {
                 (
                     Error::StreamDeletionPending(stream.name.to_string()),
                     Error::AlreadyExists(format!("stream `{}`", stream.name)),
@@ -1020,44 +1010,49 @@ impl MetadataStore for SqlMetadataStore {
     }
 }
 
+/// A basin or stream row as a create call that finds it sees it.
+trait CreatedRow {
+    fn deleted_at(&self) -> Option<OffsetDateTime>;
+    /// What identified the create call that made it.
+    fn idempotency_key(&self) -> &Option<String>;
+}
+
+impl CreatedRow for BasinRecord {
+    fn deleted_at(&self) -> Option<OffsetDateTime> {
+        self.deleted_at
+    }
+    fn idempotency_key(&self) -> &Option<String> {
+        &self.idempotency_key
+    }
+}
+
+impl CreatedRow for StreamRecord {
+    fn deleted_at(&self) -> Option<OffsetDateTime> {
+        self.deleted_at
+    }
+    fn idempotency_key(&self) -> &Option<String> {
+        &self.idempotency_key
+    }
+}
+
 /// Ends a create that found a row of the same name: the transaction ends at once (a
 /// dropped one would hold the write lock until its connection is next used), then the
-/// existing row is returned for a retry, or the error `errors` gives (deletion pending,
-/// conflict).
-async fn found_existing<T>(
+/// existing row is returned if this call retries the one that created it (same
+/// idempotency key), or the error `errors` gives: deletion pending, else conflict.
+async fn found_existing<T: CreatedRow>(
     tx: sqlx::Transaction<'static, sqlx::Any>,
-    outcome: Outcome,
     existing: T,
+    requested_key: &Option<String>,
     errors: impl FnOnce() -> (Error, Error),
 ) -> Result<Created<T>> {
     tx.rollback().await.map_err(db)?;
     let (deletion_pending, conflict) = errors();
-    match outcome {
-        Outcome::DeletionPending => Err(deletion_pending),
-        Outcome::Retry => Ok(Created::Existing(existing)),
-        Outcome::Conflict => Err(conflict),
-    }
-}
-
-/// How a create that finds an existing row of the same name ends.
-pub(crate) enum Outcome {
-    DeletionPending,
-    /// The same request token: a retry of the call that created it.
-    Retry,
-    Conflict,
-}
-
-pub(crate) fn existing_outcome(
-    deleted_at: &Option<OffsetDateTime>,
-    existing_token: &Option<String>,
-    idempotency_key: &Option<String>,
-) -> Outcome {
-    if deleted_at.is_some() {
-        Outcome::DeletionPending
-    } else if idempotency_key.is_some() && existing_token == idempotency_key {
-        Outcome::Retry
+    if existing.deleted_at().is_some() {
+        Err(deletion_pending)
+    } else if requested_key.is_some() && existing.idempotency_key() == requested_key {
+        Ok(Created::Existing(existing))
     } else {
-        Outcome::Conflict
+        Err(conflict)
     }
 }
 
