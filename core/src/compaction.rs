@@ -24,7 +24,8 @@ use crate::crash_point::crash_point;
 use crate::error::{Error, Result};
 use crate::record::StreamPosition;
 use crate::segment::{
-    segment_key, CompactionCommit, SegmentEntry, SegmentRecord, StreamCheckpoint, MAX_SEGMENT_BYTES,
+    segment_key, CompactionCommit, SegmentEntry, SegmentRecord, StreamCheckpoint,
+    MAX_SEGMENT_BYTES, MAX_SEGMENT_ENTRIES,
 };
 use crate::storage::{MetadataStore, ObjectStore};
 use crate::stream::{SequencerState, StreamState};
@@ -356,7 +357,8 @@ impl Compactor {
     }
 }
 
-/// Splits one stream's entries into segments of about `MAX_SEGMENT_BYTES`, copying each
+/// Splits one stream's entries into segments of about `MAX_SEGMENT_BYTES` and at most
+/// `MAX_SEGMENT_ENTRIES` entries, copying each
 /// entry's bytes verbatim.
 fn cut_segments(stream_id: u64, entries: &[(Bytes, SegmentEntry)]) -> Vec<(SegmentRecord, Bytes)> {
     let mut segments = Vec::new();
@@ -369,7 +371,9 @@ fn cut_segments(stream_id: u64, entries: &[(Bytes, SegmentEntry)]) -> Vec<(Segme
         );
         let mut index = Vec::new();
         for (bytes, entry) in rest {
-            if !builder.is_empty() && builder.len() + bytes.len() > MAX_SEGMENT_BYTES {
+            let full = builder.len() + bytes.len() > MAX_SEGMENT_BYTES
+                || index.len() == MAX_SEGMENT_ENTRIES;
+            if !builder.is_empty() && full {
                 break;
             }
             let span = builder.push_encoded(bytes);
@@ -395,50 +399,71 @@ mod tests {
     use super::*;
     use crate::wal::{decode_entry, EntrySpan, StoredRecord};
 
-    #[test]
-    fn segments_are_cut_by_size_and_keep_every_entry_readable() {
-        // Three entries of ~3 MiB each: the first two share a segment, the third starts
-        // the next one; each entry reads back from its segment by its span.
+    /// Stream 9's entries of one record each, with these body sizes, as compaction
+    /// gathers them (bytes cut out of a WAL chunk, seq numbers from 0).
+    fn entries_of(body_sizes: &[usize]) -> Vec<(Bytes, SegmentEntry)> {
         let mut source = ChunkBuilder::with_capacity(0);
-        let body = Bytes::from(vec![7u8; 3 * 1024 * 1024]);
-        for i in 0..3u64 {
+        for (i, size) in body_sizes.iter().enumerate() {
             let record = StoredRecord {
-                timestamp: i,
+                timestamp: i as u64,
                 headers: vec![],
-                body: body.clone(),
+                body: Bytes::from(vec![7u8; *size]),
             };
-            source.push(9, i, &[record]);
+            source.push(9, i as u64, &[record]);
         }
         let (chunk, spans) = source.finish();
-        let entries: Vec<_> = spans
+        spans
             .iter()
             .zip(0u64..)
             .map(|(span, i): (&EntrySpan, u64)| {
-                let bytes = span.cut(&chunk);
                 let entry = SegmentEntry {
                     start_seq: i,
                     end_seq: i + 1,
                     last_timestamp: i,
                     span: *span,
                 };
-                (bytes, entry)
+                (span.cut(&chunk), entry)
             })
-            .collect();
-        let segments = cut_segments(9, &entries);
-        assert_eq!(segments.len(), 2);
-        assert_eq!(segments[0].0.key, segment_key(9, 0));
-        assert_eq!((segments[0].0.start_seq(), segments[0].0.end_seq()), (0, 2));
-        assert_eq!(segments[1].0.key, segment_key(9, 2));
-        for (record, bytes) in &segments {
+            .collect()
+    }
+
+    /// Every entry of every segment reads back by its span, and the segments are
+    /// contiguous; the (start, end) of each.
+    fn check_readable(segments: &[(SegmentRecord, Bytes)]) -> Vec<(u64, u64)> {
+        let mut next = 0;
+        for (record, bytes) in segments {
+            assert_eq!(record.key, segment_key(9, record.start_seq()));
+            assert_eq!(record.start_seq(), next, "segments are contiguous");
+            next = record.end_seq();
             assert_eq!(
                 decode_chunk(&record.key, bytes).unwrap().len(),
                 record.entries.len()
             );
             for entry in &record.entries {
-                let span = entry.span;
-                let (stream_id, records) = decode_entry(&record.key, span.cut(bytes)).unwrap();
+                let (stream_id, records) =
+                    decode_entry(&record.key, entry.span.cut(bytes)).unwrap();
                 assert_eq!((stream_id, records[0].seq_num), (9, entry.start_seq));
             }
         }
+        segments
+            .iter()
+            .map(|(r, _)| (r.start_seq(), r.end_seq()))
+            .collect()
+    }
+
+    #[test]
+    fn segments_are_cut_by_size_and_keep_every_entry_readable() {
+        // Three entries of ~3 MiB each: the first two share a segment, the third starts
+        // the next one.
+        let entries = entries_of(&[3 << 20; 3]);
+        assert_eq!(check_readable(&cut_segments(9, &entries)), [(0, 2), (2, 3)]);
+    }
+
+    #[test]
+    fn segments_are_cut_by_entry_count_so_index_rows_stay_small() {
+        let entries = entries_of(&[10; 5000]);
+        let segments = cut_segments(9, &entries);
+        assert_eq!(check_readable(&segments), [(0, 4096), (4096, 5000)]);
+        assert!(segments[0].0.encode_entries().len() <= 4096 * 40);
     }
 }

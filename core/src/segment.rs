@@ -14,6 +14,11 @@ use crate::wal::EntrySpan;
 /// cache whole segments, so this is also the unit of a cold read.
 pub const MAX_SEGMENT_BYTES: usize = 8 * 1024 * 1024;
 
+/// A segment is also cut at this many entries (appended batches), so its index row's
+/// entry table, which every lookup of it reads, stays small (160 KiB) even for streams
+/// of tiny batches.
+pub const MAX_SEGMENT_ENTRIES: usize = 4096;
+
 /// Object-store key of the segment of `stream_id` that starts at `start_seq`. Writing the
 /// same range again (a compaction redone after a crash) rewrites the same object.
 pub fn segment_key(stream_id: u64, start_seq: u64) -> String {
