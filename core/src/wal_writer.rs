@@ -21,6 +21,11 @@ use crate::storage::ObjectStore;
 use crate::stream::SequencedBatch;
 use crate::wal::{chunk_key, ChunkBuilder, EntrySpan};
 
+/// How many chunk files the writer keeps prepared ahead of the next chunk, and the level
+/// at which it prepares more: one request (one directory fsync) per 16 chunks.
+const PREPARE_AHEAD: u64 = 32;
+const PREPARE_LOW: u64 = 16;
+
 /// How the writer groups and pipelines chunks.
 #[derive(Debug, Clone, Copy)]
 pub struct FlushSettings {
@@ -63,6 +68,9 @@ pub(crate) struct WalWriter {
     settings: FlushSettings,
     epoch: u64,
     next_chunk: u64,
+    /// Chunks below this number are prepared or being prepared.
+    prepared_until: u64,
+    preparing: Option<JoinHandle<()>>,
     /// How many chunks of this epoch are released (all durable, in order): compaction
     /// may take those.
     released: watch::Sender<u64>,
@@ -98,6 +106,8 @@ impl WalWriter {
             settings,
             epoch,
             next_chunk: 0,
+            prepared_until: 0,
+            preparing: None,
             released,
             poison,
         };
@@ -115,6 +125,7 @@ impl WalWriter {
         let mut first_pending_at = Instant::now();
         let mut in_flight: FuturesOrdered<_> = FuturesOrdered::new();
         let mut open = true;
+        self.prepare_ahead();
 
         loop {
             let linger_over = first_pending_at + self.settings.linger <= Instant::now();
@@ -158,6 +169,7 @@ impl WalWriter {
     ) -> impl std::future::Future<Output = (Flight, Result<(Bytes, Vec<EntrySpan>)>)> {
         let key: Arc<str> = chunk_key(self.epoch, self.next_chunk).into();
         self.next_chunk += 1;
+        self.prepare_ahead();
         let entries: Vec<_> = appends
             .iter()
             .map(|a| {
@@ -205,6 +217,29 @@ impl WalWriter {
             };
             (Flight { key, appends }, outcome)
         }
+    }
+
+    /// Asks the store to prepare the next chunks' keys when few are left, so that their
+    /// puts are cheap (see [`ObjectStore::prepare`]); one request at a time.
+    fn prepare_ahead(&mut self) {
+        let busy = self
+            .preparing
+            .as_ref()
+            .is_some_and(|task| !task.is_finished());
+        if busy || self.prepared_until >= self.next_chunk + PREPARE_LOW {
+            return;
+        }
+        let from = self.prepared_until.max(self.next_chunk);
+        self.prepared_until = self.next_chunk + PREPARE_AHEAD;
+        let keys: Vec<String> = (from..self.prepared_until)
+            .map(|number| chunk_key(self.epoch, number))
+            .collect();
+        let store = self.store.clone();
+        self.preparing = Some(tokio::spawn(async move {
+            if let Err(err) = store.prepare(&keys).await {
+                tracing::warn!(error = %err, "could not prepare WAL chunk files ahead; chunks are written the slower way");
+            }
+        }));
     }
 
     fn finish_flight(&mut self, flight: Flight, outcome: Result<(Bytes, Vec<EntrySpan>)>) {

@@ -579,7 +579,7 @@ async fn basin_gone(client: &Client, endpoint: &str, basin: &str) -> bool {
     false
 }
 
-/// Files under `objects/<prefix>` of a server on the local-directory backend (`None` on
+/// Objects under `objects/<prefix>` of a server on the local-directory backend (`None` on
 /// S3, where the test does not look into the bucket).
 fn local_objects(dir: &std::path::Path, prefix: &str) -> Option<usize> {
     if streamgate_tests::backends::s3_url(dir).is_some() {
@@ -589,7 +589,12 @@ fn local_objects(dir: &std::path::Path, prefix: &str) -> Option<usize> {
         match std::fs::read_dir(path) {
             Ok(entries) => entries
                 .map(|e| e.unwrap().path())
-                .map(|p| if p.is_dir() { count(&p) } else { 1 })
+                .map(|p| match p.metadata() {
+                    Ok(m) if m.is_dir() => count(&p),
+                    // Empty files are prepared for coming puts, not objects.
+                    Ok(m) => usize::from(m.len() > 0),
+                    Err(_) => 0,
+                })
                 .sum(),
             Err(_) => 0,
         }

@@ -1,19 +1,24 @@
 //! The embedded default `ObjectStore`: one file per object under a root directory.
 //!
 //! A new object is written straight to its final name, then the file and its directory
-//! are fsync'd: one journal commit, which is what keeps a WAL flush close to the cost of a
-//! single fdatasync. A crash during that put can leave a torn file behind, so every file
-//! ends with a footer (length, CRC-32, magic) and a file whose footer does not check out
-//! reads as absent: its put never returned, so it was never acknowledged. Replacing an
-//! existing object goes through a temporary file and a rename, so readers never see a
-//! mix of old and new.
+//! are fsync'd. The WAL writer prepares the files of its next chunks ahead of time (empty
+//! files whose directory entries are already durable), so a chunk's put writes into one
+//! of those and costs a single fdatasync; creating a file is often the slowest part of
+//! a small durable write. Empty files are never objects (every object has a footer), so
+//! prepared files are invisible and an earlier process's are removed on open.
+//!
+//! A crash during a put can leave a torn file behind, so every file ends with a footer
+//! (length, CRC-32, magic) and a file whose footer does not check out reads as absent:
+//! its put never returned, so it was never acknowledged. Replacing an existing object
+//! goes through a temporary file and a rename, so readers never see a mix of old and new.
 
+use std::collections::{BTreeSet, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -74,33 +79,56 @@ fn strip_footer(mut file: Vec<u8>) -> Option<Vec<u8>> {
     Some(file)
 }
 
-/// Creates `path` and writes `image` to it, bypassing the page cache where the file
-/// system allows (the kernel's copy into the cache was half the server's CPU time under
-/// heavy appends); elsewhere through the cache.
-fn create_and_write(path: &Path, image: &FileImage) -> std::io::Result<File> {
+/// Which file a put writes its image to.
+#[derive(Clone, Copy, PartialEq)]
+enum Target {
+    /// A file created by this put.
+    New,
+    /// A prepared file: it must exist and still be empty.
+    Prepared,
+}
+
+/// Writes `image` to the `target` file at `path`, bypassing the page cache where the
+/// file system allows (the kernel's copy into the cache was half the server's CPU time
+/// under heavy appends); elsewhere through the cache.
+fn write_image(path: &Path, image: &FileImage, target: Target) -> std::io::Result<File> {
     #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let direct = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path);
-        match direct {
-            Ok(mut file) => match file.write_all(image.bytes()) {
-                Ok(()) => return Ok(file),
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    drop(file);
+    match open_target(path, target, true) {
+        Ok(mut file) => match file.write_all(image.bytes()) {
+            Ok(()) => return Ok(file),
+            // The file system refused direct I/O before writing anything.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                drop(file);
+                if target == Target::New {
                     fs::remove_file(path)?;
                 }
-                Err(e) => return Err(e),
-            },
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            }
             Err(e) => return Err(e),
-        }
+        },
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+        Err(e) => return Err(e),
     }
-    let mut file = OpenOptions::new().write(true).create_new(true).open(path)?;
+    let mut file = open_target(path, target, false)?;
     file.write_all(image.bytes())?;
+    Ok(file)
+}
+
+/// Opens the `target` file for writing; a prepared file that is no longer empty is
+/// `AlreadyExists`.
+fn open_target(path: &Path, target: Target, direct: bool) -> std::io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(target == Target::New);
+    #[cfg(target_os = "linux")]
+    if direct {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_DIRECT);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = direct;
+    let file = options.open(path)?;
+    if target == Target::Prepared && file.metadata()?.len() != 0 {
+        return Err(std::io::ErrorKind::AlreadyExists.into());
+    }
     Ok(file)
 }
 
@@ -109,18 +137,21 @@ pub struct LocalDirObjectStore {
     root: PathBuf,
     /// Makes temporary file names unique within this process.
     temp_counter: Arc<AtomicU64>,
+    /// Prepared files whose directory entries are durable, not put yet.
+    prepared: Arc<Mutex<HashSet<PathBuf>>>,
 }
 
 impl LocalDirObjectStore {
-    /// Opens (creating if needed) a store rooted at `root`, and clears temporary files
-    /// left by a crash.
+    /// Opens (creating if needed) a store rooted at `root`, and clears the temporary and
+    /// prepared files an earlier process left.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(|e| io_error(&root, e))?;
-        remove_temp_files(&root)?;
+        remove_leftovers(&root)?;
         Ok(Self {
             root,
             temp_counter: Arc::new(AtomicU64::new(0)),
+            prepared: Arc::default(),
         })
     }
 
@@ -138,12 +169,23 @@ impl LocalDirObjectStore {
     }
 
     fn put_blocking(&self, path: &Path, data: &[u8]) -> Result<()> {
-        let dir = path.parent().expect("object paths have a parent");
-        if !dir.exists() {
-            create_dir_durably(dir, &self.root)?;
-        }
         let image = FileImage::new(data);
-        match create_and_write(path, &image) {
+        if self.prepared.lock().unwrap().remove(path) {
+            // Its directory entry is durable already: one fdatasync makes the data durable.
+            match write_image(path, &image, Target::Prepared) {
+                Ok(file) => return file.sync_data().map_err(|e| io_error(path, e)),
+                // Deleted, or written by another put meanwhile: the general path decides.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::AlreadyExists
+                    ) => {}
+                Err(e) => return Err(io_error(path, e)),
+            }
+        }
+        let dir = path.parent().expect("object paths have a parent");
+        create_dir_durably(dir, &self.root)?;
+        match write_image(path, &image, Target::New) {
             Ok(file) => {
                 let result = file.sync_data().and_then(|()| File::open(dir)?.sync_all());
                 if result.is_err() {
@@ -170,7 +212,7 @@ impl LocalDirObjectStore {
             std::process::id()
         ));
         let result = (|| {
-            let file = create_and_write(&temp, image)?;
+            let file = write_image(&temp, image, Target::New)?;
             file.sync_data()?;
             fs::rename(&temp, path)?;
             File::open(dir)?.sync_all()
@@ -179,6 +221,33 @@ impl LocalDirObjectStore {
             let _ = fs::remove_file(&temp);
         }
         result.map_err(|e| io_error(path, e))
+    }
+
+    /// Creates empty files at `paths` and makes their directory entries durable, one
+    /// fsync per directory. A path that exists already is left alone: it is put, or
+    /// being put.
+    fn prepare_blocking(&self, paths: Vec<PathBuf>) -> Result<()> {
+        let mut created = Vec::new();
+        let mut dirs = BTreeSet::new();
+        for path in paths {
+            let dir = path.parent().expect("object paths have a parent");
+            create_dir_durably(dir, &self.root)?;
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(_) => {
+                    dirs.insert(dir.to_owned());
+                    created.push(path);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_error(&path, e)),
+            }
+        }
+        for dir in dirs {
+            File::open(&dir)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| io_error(&dir, e))?;
+        }
+        self.prepared.lock().unwrap().extend(created);
+        Ok(())
     }
 }
 
@@ -245,6 +314,7 @@ impl ObjectStore for LocalDirObjectStore {
 
     async fn delete(&self, key: &str) -> Result<()> {
         let path = self.path_of(key)?;
+        self.prepared.lock().unwrap().remove(&path);
         tokio::task::spawn_blocking(move || match fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -256,6 +326,17 @@ impl ObjectStore for LocalDirObjectStore {
 
     fn describe(&self) -> String {
         format!("local directory {}", self.root.display())
+    }
+
+    async fn prepare(&self, keys: &[String]) -> Result<()> {
+        let paths = keys
+            .iter()
+            .map(|key| self.path_of(key))
+            .collect::<Result<Vec<_>>>()?;
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.prepare_blocking(paths))
+            .await
+            .map_err(Error::storage)?
     }
 }
 
@@ -300,20 +381,27 @@ fn collect_keys(dir: &Path, rel: &str, prefix: &str, keys: &mut Vec<String>) -> 
             if dir_key.starts_with(prefix) || prefix.starts_with(&dir_key) {
                 collect_keys(&entry.path(), &key, prefix, keys)?;
             }
-        } else if !name.ends_with(TEMP_SUFFIX) && key.starts_with(prefix) {
+        } else if !name.ends_with(TEMP_SUFFIX) && key.starts_with(prefix) && !is_empty(&entry)? {
             keys.push(key);
         }
     }
     Ok(())
 }
 
-fn remove_temp_files(dir: &Path) -> Result<()> {
+/// Whether a file is empty, as prepared files are and objects never are.
+fn is_empty(entry: &fs::DirEntry) -> Result<bool> {
+    let metadata = entry.metadata().map_err(|e| io_error(&entry.path(), e))?;
+    Ok(metadata.len() == 0)
+}
+
+/// Removes temporary files and prepared files, none of which is an object.
+fn remove_leftovers(dir: &Path) -> Result<()> {
     for entry in fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
         let entry = entry.map_err(|e| io_error(dir, e))?;
         let path = entry.path();
         if entry.file_type().map_err(|e| io_error(&path, e))?.is_dir() {
-            remove_temp_files(&path)?;
-        } else if path.to_string_lossy().ends_with(TEMP_SUFFIX) {
+            remove_leftovers(&path)?;
+        } else if path.to_string_lossy().ends_with(TEMP_SUFFIX) || is_empty(&entry)? {
             fs::remove_file(&path).map_err(|e| io_error(&path, e))?;
         }
     }
@@ -370,6 +458,53 @@ mod tests {
         assert_eq!(
             store.get("wal/2").await.unwrap(),
             Some(Bytes::from_static(b"retried"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_put_writes_into_its_prepared_file_and_leftovers_are_cleared_on_open() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirObjectStore::open(dir.path()).unwrap();
+        let keys: Vec<String> = (0..3).map(|n| format!("wal/9/{n}")).collect();
+        store.prepare(&keys).await.unwrap();
+        let inode = |key: &str| fs::metadata(dir.path().join(key)).unwrap().ino();
+        let prepared = inode("wal/9/0");
+        assert!(store.list("").await.unwrap().is_empty());
+
+        store
+            .put("wal/9/0", Bytes::from_static(b"data"))
+            .await
+            .unwrap();
+        assert_eq!(
+            inode("wal/9/0"),
+            prepared,
+            "the put wrote into the prepared file"
+        );
+        assert_eq!(store.list("").await.unwrap(), vec!["wal/9/0"]);
+        // A second put of the same key replaces the object, as for any key.
+        store
+            .put("wal/9/0", Bytes::from_static(b"again"))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.get("wal/9/0").await.unwrap(),
+            Some(Bytes::from_static(b"again"))
+        );
+
+        drop(store);
+        let store = LocalDirObjectStore::open(dir.path()).unwrap();
+        assert!(!dir.path().join("wal/9/1").exists());
+        assert!(!dir.path().join("wal/9/2").exists());
+        assert_eq!(store.list("").await.unwrap(), vec!["wal/9/0"]);
+        // A key prepared by an earlier process is put the general way.
+        store
+            .put("wal/9/1", Bytes::from_static(b"late"))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.get("wal/9/1").await.unwrap(),
+            Some(Bytes::from_static(b"late"))
         );
     }
 

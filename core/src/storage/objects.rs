@@ -24,6 +24,13 @@ pub trait ObjectStore: Send + Sync + 'static {
     async fn delete(&self, key: &str) -> Result<()>;
     /// A short description for logs and the start-up banner.
     fn describe(&self) -> String;
+    /// Gets ready for puts of `keys` expected soon, where a store can do part of a put's
+    /// work ahead of time; it waits for none of it. The local directory creates the files
+    /// and makes their directory entries durable, so that such a put costs one
+    /// `fdatasync`. This creates no object: `get` and `list` see a key once it is put.
+    async fn prepare(&self, _keys: &[String]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The behaviour every `ObjectStore` must show; each backend's tests call this.
@@ -67,6 +74,27 @@ pub(crate) async fn conformance(store: &dyn ObjectStore) {
         store.get("other/x").await.unwrap(),
         Some(Bytes::from_static(b"replaced"))
     );
+
+    // Prepared keys are not objects until they are put.
+    store
+        .prepare(&["wal/3/c".into(), "wal/3/d".into()])
+        .await
+        .unwrap();
+    assert_eq!(store.get("wal/3/c").await.unwrap(), None);
+    assert_eq!(
+        store.list("wal/").await.unwrap(),
+        vec!["wal/1/a", "wal/2/b"]
+    );
+    store
+        .put("wal/3/c", Bytes::from_static(b"prepared"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get("wal/3/c").await.unwrap(),
+        Some(Bytes::from_static(b"prepared"))
+    );
+    store.delete("wal/3/c").await.unwrap();
+    store.delete("wal/3/d").await.unwrap();
 
     store.delete("wal/1/a").await.unwrap();
     store.delete("wal/1/a").await.unwrap();
