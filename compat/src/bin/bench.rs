@@ -96,17 +96,26 @@ fn summary(mut latencies: Vec<Duration>) -> String {
     )
 }
 
-/// p50 of one small write + fdatasync on a fresh file, like a WAL chunk commit.
-fn fdatasync_floor(dir: &Path) -> Duration {
+/// p50 of one small write + fdatasync: into a file it creates (`existing` false), or into
+/// an empty file created and made durable beforehand, as a prepared WAL chunk is.
+fn fdatasync_floor(dir: &Path, existing: bool) -> Duration {
+    let paths: Vec<PathBuf> = (0..200)
+        .map(|i| dir.join(format!("fsync-probe-{i}")))
+        .collect();
+    if existing {
+        for path in &paths {
+            std::fs::File::create(path).unwrap();
+        }
+        std::fs::File::open(dir).unwrap().sync_all().unwrap();
+    }
     let mut samples = Vec::new();
-    for i in 0..200 {
-        let path = dir.join(format!("fsync-probe-{i}"));
+    for path in &paths {
         let start = Instant::now();
         let mut file = OpenOptions::new()
-            .create(true)
             .write(true)
-            .truncate(true)
-            .open(&path)
+            .create(!existing)
+            .truncate(!existing)
+            .open(path)
             .unwrap();
         file.write_all(&[7u8; 1024]).unwrap();
         file.sync_data().unwrap();
@@ -221,31 +230,41 @@ async fn main() {
     );
 
     // 1. One client, one small record per append: the ack latency, in rounds with the
-    //    fdatasync floor measured just before each.
+    //    fdatasync floors measured just before each.
     let rounds = 5;
-    let mut floors = Vec::new();
+    let mut new_file_floors = Vec::new();
+    let mut existing_file_floors = Vec::new();
     let mut latencies = Vec::new();
     for _ in 0..rounds {
-        floors.push(fdatasync_floor(&probe_dir));
+        new_file_floors.push(fdatasync_floor(&probe_dir, false));
+        existing_file_floors.push(fdatasync_floor(&probe_dir, true));
         for _ in 0..args.latency_appends / rounds {
             let start = Instant::now();
             stream.append(batch(1, 100)).await.unwrap();
             latencies.push(start.elapsed());
         }
     }
-    floors.sort();
-    let floor = floors[rounds / 2];
     latencies.sort();
     let p50 = percentile(&latencies, 0.5);
+    let mut ratios = Vec::new();
+    for (kind, mut floors) in [
+        ("a new file", new_file_floors),
+        ("an existing empty file", existing_file_floors),
+    ] {
+        floors.sort();
+        let floor = floors[rounds / 2];
+        println!(
+            "disk floor: small write + fdatasync into {kind}, median p50 of {rounds} rounds: {:.3} ms (rounds: {})",
+            floor.as_secs_f64() * 1e3,
+            floors.iter().map(|f| format!("{:.3}", f.as_secs_f64() * 1e3)).collect::<Vec<_>>().join(", ")
+        );
+        ratios.push(p50.as_secs_f64() / floor.as_secs_f64());
+    }
     println!(
-        "disk floor: small write + fdatasync of a new file, median p50 of {rounds} rounds: {:.3} ms (rounds: {})",
-        floor.as_secs_f64() * 1e3,
-        floors.iter().map(|f| format!("{:.3}", f.as_secs_f64() * 1e3)).collect::<Vec<_>>().join(", ")
-    );
-    println!(
-        "unary append, 1 client, 1 x 100 B record: {}  (p50 = {:.2}x the fdatasync floor)",
+        "unary append, 1 client, 1 x 100 B record: {}  (p50 = {:.2}x the new-file floor, {:.2}x the existing-file floor)",
         summary(latencies),
-        p50.as_secs_f64() / floor.as_secs_f64()
+        ratios[0],
+        ratios[1]
     );
 
     // 2. 16 clients, protobuf batches of 64 x 8 KiB records: durable throughput. The
