@@ -45,14 +45,19 @@ struct FileImage {
 impl FileImage {
     fn new(data: &[u8]) -> Self {
         let len = (data.len() + FOOTER_LEN).div_ceil(BLOCK) * BLOCK;
-        let mut buffer = vec![0u8; len + BLOCK];
+        // Filled by appending, so only the padding is zeroed (not the whole image first);
+        // the allocation stays where it is while the vector is within its capacity.
+        let mut buffer: Vec<u8> = Vec::with_capacity(len + BLOCK);
         let start = buffer.as_ptr().align_offset(BLOCK);
-        let image = &mut buffer[start..start + len];
-        image[..data.len()].copy_from_slice(data);
-        let footer = &mut image[len - FOOTER_LEN..];
-        footer[..8].copy_from_slice(&(data.len() as u64).to_be_bytes());
-        footer[8..12].copy_from_slice(&crc32fast::hash(data).to_be_bytes());
-        footer[12..].copy_from_slice(FOOTER_MAGIC);
+        buffer.resize(start, 0);
+        buffer.extend_from_slice(data);
+        buffer.resize(start + len - FOOTER_LEN, 0);
+        buffer.extend_from_slice(&(data.len() as u64).to_be_bytes());
+        buffer.extend_from_slice(&crc32fast::hash(data).to_be_bytes());
+        buffer.extend_from_slice(FOOTER_MAGIC);
+        debug_assert!(
+            buffer.len() == start + len && buffer[start..].as_ptr().align_offset(BLOCK) == 0
+        );
         Self { buffer, start, len }
     }
 
@@ -277,9 +282,7 @@ fn start_preparer(
             {
                 // SAFETY: changes only this thread's nice value (a Linux thread id is a
                 // process id to setpriority); if it fails the thread keeps the default.
-                unsafe {
-                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10)
-                };
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
             }
             for (paths, done) in received {
                 let _ = done.send(prepare_files(&root, &prepared, paths));
