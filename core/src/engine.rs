@@ -963,9 +963,9 @@ enum AutoCreate {
     OnRead,
 }
 
-/// A crash can tear only the chunks that were being written: at most this many (the
-/// largest `--flush-in-flight` accepted) end an epoch unreadable. An unreadable chunk
-/// with more after it is corruption, not a crash.
+/// A crash can lose or tear only the chunks that were being written: at most this many
+/// (the largest `--flush-in-flight` accepted) end an epoch. A missing or unreadable
+/// chunk with more after it is corruption, not a crash.
 pub const MAX_TORN_TAIL: usize = 64;
 
 /// Rebuilds every live stream from its checkpoint (where its segments end) and the WAL
@@ -1003,29 +1003,29 @@ async fn recover(
         numbers.retain(|n| *n >= watermark);
         let mut end = watermark;
         for (expected, number) in (watermark..).zip(numbers.iter()) {
-            if *number != expected {
-                tracing::info!(
-                    epoch,
-                    ignored = numbers.len() - (expected - watermark) as usize,
-                    "WAL chunks after a gap were never acknowledged; ignoring them"
-                );
-                break;
-            }
-            let key: Arc<str> = crate::wal::chunk_key(epoch, *number).into();
-            // A chunk that reads as absent was torn by a crash during its own put, so it
-            // was never acknowledged: it ends this epoch's log like a gap does.
-            let Some(chunk) = objects.get(&key).await? else {
-                let after = numbers.len() - (expected - watermark) as usize - 1;
+            let key: Arc<str> = crate::wal::chunk_key(epoch, expected).into();
+            // A chunk that is missing, or reads as absent (torn), was being written when
+            // the process died, so neither it nor any chunk after it was acknowledged: it
+            // ends this epoch's log. Only a few chunks are ever written at once, so many
+            // complete ones after it mean a damaged log, not a crash.
+            let chunk = match *number == expected {
+                true => objects.get(&key).await?,
+                false => None,
+            };
+            let Some(chunk) = chunk else {
+                let from_here = numbers.len() - (expected - watermark) as usize;
+                let after = from_here - usize::from(*number == expected);
                 if after > MAX_TORN_TAIL {
                     return Err(Error::storage(format!(
-                        "WAL chunk `{key}` is unreadable but {after} chunks follow it, so it was not \
-                         torn by a crash: the log is corrupt; restore the data directory from a backup"
+                        "WAL chunk `{key}` is missing or unreadable but {after} chunks follow it, \
+                         so it was not lost to a crash: the log is corrupt; restore the data \
+                         directory from a backup"
                     )));
                 }
                 tracing::warn!(
                     epoch,
-                    ignored = after + 1,
-                    "a WAL chunk torn by a crash ends this epoch; ignoring it and any after it"
+                    ignored = after,
+                    "a WAL chunk lost to a crash ends this epoch; ignoring the chunks after it"
                 );
                 break;
             };

@@ -22,7 +22,7 @@ use crate::stream::SequencedBatch;
 use crate::wal::{chunk_key, ChunkBuilder, EntrySpan};
 
 /// How many chunk files the writer keeps prepared ahead of the next chunk, and the level
-/// at which it prepares more: one request (one directory fsync) per 16 chunks.
+/// at which it prepares more: one request (one directory fsync) about every 16 chunks.
 const PREPARE_AHEAD: u64 = 32;
 const PREPARE_LOW: u64 = 16;
 

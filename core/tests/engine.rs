@@ -520,6 +520,43 @@ async fn a_torn_chunk_ends_its_epoch_in_recovery() {
     recovery_stops_at_chunk_1(Damage::Torn).await;
 }
 
+/// A crash loses only the chunks in flight, so a missing chunk with more than
+/// `MAX_TORN_TAIL` complete chunks after it is damage: recovery refuses to start rather
+/// than silently drop acknowledged records.
+#[tokio::test]
+async fn a_missing_chunk_followed_by_many_is_reported_as_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let s = setup(&engine, "damaged").await;
+    for i in 0..streamgate_core::engine::MAX_TORN_TAIL + 3 {
+        engine
+            .append(&basin(), &s, records(&[&format!("r{i}")]), None)
+            .await
+            .unwrap();
+    }
+    let epoch = engine.engine.epoch();
+    engine.engine.shutdown().await;
+    let chunks = engine.objects.list("wal/").await.unwrap();
+    assert!(chunks.len() > streamgate_core::engine::MAX_TORN_TAIL + 1);
+    engine
+        .objects
+        .delete(&streamgate_core::wal::chunk_key(epoch, 1))
+        .await
+        .unwrap();
+    drop(engine);
+    let reopened = Engine::open(
+        Arc::new(metadata_store(dir.path()).await),
+        object_store(dir.path()).await,
+        EngineSettings::default(),
+    )
+    .await;
+    let error = reopened
+        .err()
+        .expect("recovery refuses a damaged log")
+        .to_string();
+    assert!(error.contains("the log is corrupt"), "{error}");
+}
+
 /// Many appends auto-creating the same new stream at once all land in it: the losers
 /// of the creation race find the winner's stream even before it is registered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

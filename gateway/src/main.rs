@@ -48,6 +48,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Some(url) => parse_store_url("objects", url, "file", &["s3"])?,
         None => StoreLocation::Path(args.data_dir.join("objects")),
     };
+    if let StoreLocation::Path(objects_dir) = &objects_location {
+        let mut ours = vec![args.data_dir.clone()];
+        if let StoreLocation::Path(sqlite) = &metadata_location {
+            ours.push(sqlite.clone());
+        }
+        refuse_objects_dir_holding(objects_dir, &ours)?;
+    }
     let (metadata, metadata_description) = match &metadata_location {
         StoreLocation::Path(path) => (
             SqlMetadataStore::open_sqlite(path)
@@ -320,6 +327,30 @@ fn write_private_file(path: &std::path::Path, contents: &str) -> anyhow::Result<
 
 /// Takes an exclusive lock on the data directory for the life of the process: two
 /// servers on one directory would hand out the same sequence numbers.
+/// The local object store owns every file under its directory (at start it removes the
+/// temporary and prepared files it finds there, which are empty), so the data directory
+/// and a SQLite metadata file must not be inside it.
+fn refuse_objects_dir_holding(
+    objects_dir: &std::path::Path,
+    ours: &[std::path::PathBuf],
+) -> anyhow::Result<()> {
+    let absolute =
+        |path: &std::path::Path| std::fs::canonicalize(path).or_else(|_| std::path::absolute(path));
+    let objects = absolute(objects_dir)?;
+    for path in ours {
+        if absolute(path)?.starts_with(&objects) {
+            anyhow::bail!(
+                "the objects directory {} contains {}; the object store owns every file under \
+                 its directory, so give --objects a directory of its own (by default it is \
+                 <data-dir>/objects)",
+                objects_dir.display(),
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     use std::os::fd::AsRawFd;
     let path = dir.join("LOCK");

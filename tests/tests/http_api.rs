@@ -826,3 +826,23 @@ async fn a_second_server_on_the_same_data_directory_is_refused() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn an_objects_directory_holding_the_data_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let refused = std::process::Command::new(streamgate_tests::binary())
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .arg("--objects")
+        .arg(dir.path())
+        .args(["--listen", "127.0.0.1:0", "--resp-listen", "off"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("give --objects a directory of its own"),
+        "{stderr}"
+    );
+}

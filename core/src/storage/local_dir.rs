@@ -196,7 +196,16 @@ impl LocalDirObjectStore {
         }
         let dir = path.parent().expect("object paths have a parent");
         create_dir_durably(dir, &self.root)?;
-        match write_image(path, &image, Target::New) {
+        // A new file; else an empty one still being prepared, written in place (its
+        // directory entry may not be durable yet, so the directory is fsync'd as for a
+        // new file); else an object, replaced.
+        let written = match write_image(path, &image, Target::New) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                write_image(path, &image, Target::Prepared)
+            }
+            written => written,
+        };
+        match written {
             Ok(file) => {
                 let result = file.sync_data().and_then(|()| File::open(dir)?.sync_all());
                 if result.is_err() {
@@ -262,7 +271,10 @@ fn prepare_files(
             .and_then(|f| f.sync_all())
             .map_err(|e| io_error(&dir, e))?;
     }
-    prepared.lock().unwrap().extend(created);
+    // Under the lock, so that a concurrent delete either removed the file before the
+    // check or removes the key after this.
+    let mut prepared = prepared.lock().unwrap();
+    prepared.extend(created.into_iter().filter(|path| path.exists()));
     Ok(())
 }
 
@@ -357,11 +369,17 @@ impl ObjectStore for LocalDirObjectStore {
 
     async fn delete(&self, key: &str) -> Result<()> {
         let path = self.path_of(key)?;
-        self.prepared.lock().unwrap().remove(&path);
-        tokio::task::spawn_blocking(move || match fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_error(&path, e)),
+        let prepared = self.prepared.clone();
+        tokio::task::spawn_blocking(move || {
+            let removed = match fs::remove_file(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(io_error(&path, e)),
+            };
+            // After the unlink: a concurrent `prepare` of this key records it only if
+            // its file still exists, so the key is not left marked prepared.
+            prepared.lock().unwrap().remove(&path);
+            removed
         })
         .await
         .map_err(Error::storage)?
@@ -427,17 +445,24 @@ fn collect_keys(dir: &Path, rel: &str, prefix: &str, keys: &mut Vec<String>) -> 
             if dir_key.starts_with(prefix) || prefix.starts_with(&dir_key) {
                 collect_keys(&entry.path(), &key, prefix, keys)?;
             }
-        } else if !name.ends_with(TEMP_SUFFIX) && key.starts_with(prefix) && !is_empty(&entry)? {
+        } else if !name.ends_with(TEMP_SUFFIX)
+            && key.starts_with(prefix)
+            && file_len(&entry)?.is_some_and(|len| len > 0)
+        {
             keys.push(key);
         }
     }
     Ok(())
 }
 
-/// Whether a file is empty, as prepared files are and objects never are.
-fn is_empty(entry: &fs::DirEntry) -> Result<bool> {
-    let metadata = entry.metadata().map_err(|e| io_error(&entry.path(), e))?;
-    Ok(metadata.len() == 0)
+/// The length of a directory entry's file, `None` if it was removed meanwhile. Objects
+/// are never empty; prepared files are.
+fn file_len(entry: &fs::DirEntry) -> Result<Option<u64>> {
+    match entry.metadata() {
+        Ok(metadata) => Ok(Some(metadata.len())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_error(&entry.path(), e)),
+    }
 }
 
 /// Removes temporary files and prepared files, none of which is an object.
@@ -447,7 +472,7 @@ fn remove_leftovers(dir: &Path) -> Result<()> {
         let path = entry.path();
         if entry.file_type().map_err(|e| io_error(&path, e))?.is_dir() {
             remove_leftovers(&path)?;
-        } else if path.to_string_lossy().ends_with(TEMP_SUFFIX) || is_empty(&entry)? {
+        } else if path.to_string_lossy().ends_with(TEMP_SUFFIX) || file_len(&entry)? == Some(0) {
             fs::remove_file(&path).map_err(|e| io_error(&path, e))?;
         }
     }
