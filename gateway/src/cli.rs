@@ -45,7 +45,7 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_METADATA")]
     pub metadata: Option<String>,
 
-    /// Record store: `file://PATH` (or a plain path) for a local directory, or
+    /// Record store: `file://PATH` (or a plain path) for a local directory of its own, or
     /// `s3://BUCKET[/PREFIX]` for an S3-compatible bucket (created if missing), with
     /// region and credentials from the standard AWS environment. Default: `objects/` in
     /// the data directory.
