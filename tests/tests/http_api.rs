@@ -809,18 +809,24 @@ async fn http2_prior_knowledge_and_compression() {
     assert_eq!(response.headers()["content-encoding"], "zstd");
 }
 
+/// Starts the binary with `args` (no RESP listener, any HTTP port), expecting it to
+/// refuse to start: exit code 1 with a message on standard error, which is returned.
+fn refused_start(args: &[&std::ffi::OsStr]) -> String {
+    let refused = std::process::Command::new(streamgate_tests::binary())
+        .args(args)
+        .args(["--listen", "127.0.0.1:0", "--resp-listen", "off"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    stderr
+}
+
 #[tokio::test]
 async fn a_second_server_on_the_same_data_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let _server = Server::start(dir.path());
-    let second = std::process::Command::new(streamgate_tests::binary())
-        .arg("--data-dir")
-        .arg(dir.path())
-        .args(["--listen", "127.0.0.1:0", "--resp-listen", "off"])
-        .output()
-        .unwrap();
-    assert_eq!(second.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&second.stderr);
+    let stderr = refused_start(&["--data-dir".as_ref(), dir.path().as_os_str()]);
     assert!(
         stderr.contains("already using the data directory"),
         "{stderr}"
@@ -831,16 +837,12 @@ async fn a_second_server_on_the_same_data_directory_is_refused() {
 async fn an_objects_directory_holding_the_data_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
-    let refused = std::process::Command::new(streamgate_tests::binary())
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .arg("--objects")
-        .arg(dir.path())
-        .args(["--listen", "127.0.0.1:0", "--resp-listen", "off"])
-        .output()
-        .unwrap();
-    assert_eq!(refused.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let stderr = refused_start(&[
+        "--data-dir".as_ref(),
+        data_dir.as_os_str(),
+        "--objects".as_ref(),
+        dir.path().as_os_str(),
+    ]);
     assert!(
         stderr.contains("give --objects a directory of its own"),
         "{stderr}"
