@@ -1008,9 +1008,10 @@ async fn recover(
             // the process died, so neither it nor any chunk after it was acknowledged: it
             // ends this epoch's log. Only a few chunks are ever written at once, so many
             // complete ones after it mean a damaged log, not a crash.
-            let chunk = match *number == expected {
-                true => objects.get(&key).await?,
-                false => None,
+            let chunk = if *number == expected {
+                objects.get(&key).await?
+            } else {
+                None
             };
             let Some(chunk) = chunk else {
                 let from_here = numbers.len() - (expected - watermark) as usize;

@@ -25,9 +25,10 @@ pub trait ObjectStore: Send + Sync + 'static {
     /// A short description for logs and the start-up banner.
     fn describe(&self) -> String;
     /// Gets ready for puts of `keys` expected soon, where a store can do part of a put's
-    /// work ahead of time; it waits for none of it. The local directory creates the files
-    /// and makes their directory entries durable, so that such a put costs one
-    /// `fdatasync`. This creates no object: `get` and `list` see a key once it is put.
+    /// work ahead of time. Puts never depend on it: a key put before (or without) its
+    /// preparation is stored the usual way. The local directory creates the files and
+    /// makes their directory entries durable, so that such a put costs one `fdatasync`.
+    /// This creates no object: `get` and `list` see a key once it is put.
     async fn prepare(&self, _keys: &[String]) -> Result<()> {
         Ok(())
     }
