@@ -2,7 +2,9 @@
 //! reads are served from memory. Oldest chunks are evicted first.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use bytes::Bytes;
 
@@ -30,7 +32,7 @@ impl ChunkCache {
         if chunk.len() > self.capacity_bytes {
             return;
         }
-        let mut inner = self.inner.lock().unwrap();
+        let mut inner = self.inner.lock();
         if inner.chunks.contains_key(&key) {
             return;
         }
@@ -48,7 +50,7 @@ impl ChunkCache {
     }
 
     pub fn get(&self, key: &str) -> Option<Bytes> {
-        self.inner.lock().unwrap().chunks.get(key).cloned()
+        self.inner.lock().chunks.get(key).cloned()
     }
 }
 

@@ -1,8 +1,16 @@
-//! A test hook for crash tests: with `STREAMGATE_CRASH_AT=<point>` in its environment,
-//! the process aborts (as abruptly as `kill -9`) the first time it reaches that point,
-//! so a test can stop it exactly between two steps of multi-step background work.
+//! Test hooks for crash and containment tests, inert unless their environment variable
+//! is set:
+//!
+//! - `STREAMGATE_CRASH_AT=<point>`: the process aborts (as abruptly as `kill -9`) the
+//!   first time it reaches that point, so a test can stop it exactly between two steps of
+//!   multi-step background work;
+//! - `STREAMGATE_PANIC_ON=<marker>`: an append holding a record whose body or a header
+//!   value is exactly `<marker>` panics before anything is sequenced, so a test can check
+//!   that a panic ends only the request or connection it happened in.
 
 use std::sync::OnceLock;
+
+use crate::record::AppendRecord;
 
 pub(crate) fn crash_point(point: &str) {
     static CRASH_AT: OnceLock<Option<String>> = OnceLock::new();
@@ -10,5 +18,25 @@ pub(crate) fn crash_point(point: &str) {
     if crash_at.as_deref() == Some(point) {
         eprintln!("STREAMGATE_CRASH_AT={point}: aborting here, as asked");
         std::process::abort();
+    }
+}
+
+pub(crate) fn panic_point(records: &[AppendRecord]) {
+    static MARKER: OnceLock<Option<Vec<u8>>> = OnceLock::new();
+    let marker = MARKER.get_or_init(|| {
+        std::env::var("STREAMGATE_PANIC_ON")
+            .ok()
+            .map(String::into_bytes)
+    });
+    let Some(marker) = marker else { return };
+    let marked = records.iter().any(|record| {
+        record.body.as_ref() == marker.as_slice()
+            || record
+                .headers
+                .iter()
+                .any(|h| h.value.as_ref() == marker.as_slice())
+    });
+    if marked {
+        panic!("STREAMGATE_PANIC_ON: an append carries the marker; panicking here, as asked");
     }
 }

@@ -2,7 +2,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
@@ -27,7 +29,7 @@ use crate::storage::metadata::{Created, ListRange};
 use crate::storage::{BasinRecord, ListPage, MetadataStore, ObjectStore, StreamRecord};
 use crate::stream::{BatchLocation, SequencerState, Stored, StreamState};
 use crate::wal::{decode_chunk, decode_entry, parse_chunk_key};
-use crate::wal_writer::{FlushSettings, PendingAppend, Poison, WalWriter};
+use crate::wal_writer::{FlushSettings, PendingAppend, WalHealth, WalStatus, WalWriter};
 
 #[derive(Debug, Clone)]
 pub struct EngineSettings {
@@ -68,6 +70,14 @@ impl Default for EngineSettings {
 /// The least time obsolete objects stay after the commit that made them obsolete.
 const MIN_OBSOLETE_GRACE: Duration = Duration::from_secs(5);
 
+/// The longest an append waits for room in the in-flight budget before it is refused
+/// with a retryable error.
+const MAX_BUDGET_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a shutdown waits for accepted appends to become durable. Past it (the store
+/// is away), the process exits with them unacknowledged: nothing acknowledged is lost.
+const MAX_SHUTDOWN_WAIT: Duration = Duration::from_secs(20);
+
 /// What an ensure (PUT) call did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Provisioned {
@@ -99,7 +109,7 @@ struct Inner {
     /// Compaction and lifecycle work.
     background: Mutex<Vec<JoinHandle<()>>>,
     empty_since: EmptySince,
-    poison: Poison,
+    wal_health: WalHealth,
     draining: AtomicBool,
     /// The in-flight byte budget, in KiB permits.
     inflight: Arc<tokio::sync::Semaphore>,
@@ -138,16 +148,18 @@ impl Engine {
         settings: EngineSettings,
     ) -> Result<Engine> {
         let settings_inflight_kib = settings.max_inflight_bytes / 1024;
+        let metadata: Arc<dyn MetadataStore> =
+            Arc::new(crate::storage::deadline::Deadlines::new(metadata));
         let epoch = metadata.next_epoch().await?;
         let (streams, compaction) = recover(metadata.as_ref(), objects.as_ref()).await?;
         let cache = Arc::new(ChunkCache::new(settings.cache_bytes));
-        let poison: Poison = Arc::new(OnceLock::new());
+        let wal_health: WalHealth = Arc::new(tokio::sync::watch::Sender::new(WalStatus::default()));
         let writer = WalWriter::spawn(
             objects.clone(),
             cache.clone(),
             settings.flush,
             epoch,
-            poison.clone(),
+            wal_health.clone(),
         );
         let compactor = Compactor::new(
             metadata.clone(),
@@ -173,7 +185,7 @@ impl Engine {
             background: Mutex::new(Vec::new()),
             empty_since: EmptySince::default(),
             inflight: Arc::new(tokio::sync::Semaphore::new((settings_inflight_kib).max(1))),
-            poison,
+            wal_health,
             draining: AtomicBool::new(false),
         });
         let engine = Engine { inner };
@@ -185,7 +197,7 @@ impl Engine {
                 Box::pin(async move { engine.run_lifecycle().await })
             }),
         ];
-        *engine.inner.background.lock().unwrap() = background;
+        *engine.inner.background.lock() = background;
         Ok(engine)
     }
 
@@ -226,7 +238,7 @@ impl Engine {
                 .inner
                 .compactor
                 .run_round(|| {
-                    let streams = self.inner.streams.read().unwrap();
+                    let streams = self.inner.streams.read();
                     streams.values().map(|s| (s.id, s.clone())).collect()
                 })
                 .await?;
@@ -266,7 +278,7 @@ impl Engine {
 
     /// The live streams with their basins.
     pub(crate) fn live_streams(&self) -> Vec<(BasinName, Arc<StreamState>)> {
-        let streams = self.inner.streams.read().unwrap();
+        let streams = self.inner.streams.read();
         streams
             .iter()
             .map(|((basin, _), state)| (basin.clone(), state.clone()))
@@ -279,8 +291,14 @@ impl Engine {
     }
 
     /// The engine as the holder of `bearer` (an access token's secret) sees it.
-    pub async fn authenticate(&self, bearer: &str) -> Result<Caller> {
-        let (principal, digest) = self.inner.tokens.authenticate(bearer).await?;
+    /// `client` is the peer's address, when the front end knows it: failed attempts are
+    /// throttled per address.
+    pub async fn authenticate(
+        &self,
+        bearer: &str,
+        client: Option<std::net::IpAddr>,
+    ) -> Result<Caller> {
+        let (principal, digest) = self.inner.tokens.authenticate(bearer, client).await?;
         Ok(Caller::new(self.clone(), principal, Some(digest)))
     }
 
@@ -302,16 +320,31 @@ impl Engine {
         self.inner.objects.describe()
     }
 
+    /// Why the server should not be sent traffic now (readiness), if it should not: the
+    /// write-ahead log cannot be written, or the server is draining.
+    pub fn unready_reason(&self) -> Option<String> {
+        if self.inner.draining.load(Ordering::SeqCst) {
+            return Some("the server is shutting down".into());
+        }
+        self.inner.wal_health.borrow().refusal()
+    }
+
     /// Stops taking appends, waits until everything already accepted is durable and
     /// acknowledged, and stops background work.
     pub async fn shutdown(&self) {
         self.inner.draining.store(true, Ordering::SeqCst);
-        self.inner.wal.write().unwrap().take();
-        let task = self.inner.wal_task.lock().unwrap().take();
+        self.inner.wal.write().take();
+        let task = self.inner.wal_task.lock().take();
         if let Some(task) = task {
-            let _ = task.await;
+            if tokio::time::timeout(MAX_SHUTDOWN_WAIT, task).await.is_err() {
+                tracing::error!(
+                    "the record store did not take the last appends within {} s; exiting \
+                     without them (they were never acknowledged)",
+                    MAX_SHUTDOWN_WAIT.as_secs()
+                );
+            }
         }
-        for task in self.inner.background.lock().unwrap().drain(..) {
+        for task in self.inner.background.lock().drain(..) {
             task.abort();
         }
     }
@@ -396,18 +429,19 @@ impl Engine {
 
     pub(crate) async fn delete_basin(&self, name: &BasinName) -> Result<()> {
         let basin = self.basin(name).await?;
-        if basin.deleted_at.is_some() {
-            return Ok(());
-        }
         let engine = self.clone();
         let name = name.clone();
         self.detached(async move {
-            engine
-                .inner
-                .metadata
-                .mark_basin_deleted(&name, now_utc())
-                .await?;
-            let mut streams = engine.inner.streams.write().unwrap();
+            // Already marked (perhaps by an earlier call whose answer was lost): its
+            // streams still leave the live set below.
+            if basin.deleted_at.is_none() {
+                engine
+                    .inner
+                    .metadata
+                    .mark_basin_deleted(&name, now_utc())
+                    .await?;
+            }
+            let mut streams = engine.inner.streams.write();
             streams.retain(|(basin, _), state| {
                 if *basin == name {
                     state.mark_deleted();
@@ -462,7 +496,7 @@ impl Engine {
             Created::New(record) | Created::Existing(record) => record,
         };
         let key = (record.basin.clone(), record.name.clone());
-        let mut streams = self.inner.streams.write().unwrap();
+        let mut streams = self.inner.streams.write();
         let current = streams.get(&key).map(|state| state.id);
         if current != Some(record.id) {
             // A different id under this name is a deleted stream whose removal from the
@@ -533,7 +567,6 @@ impl Engine {
         self.inner
             .streams
             .read()
-            .unwrap()
             .get(&(basin.clone(), name.clone()))
             .cloned()
     }
@@ -644,18 +677,19 @@ impl Engine {
             Some(record) => record,
             None => return Err(self.missing_stream_error(basin, name).await),
         };
-        if record.deleted_at.is_some() {
-            return Ok(());
-        }
         let engine = self.clone();
         let key = (basin.clone(), name.clone());
         self.detached(async move {
-            engine
-                .inner
-                .metadata
-                .mark_stream_deleted(record.id, now_utc())
-                .await?;
-            let mut streams = engine.inner.streams.write().unwrap();
+            // Already marked (perhaps by an earlier call whose answer was lost): the
+            // stream still leaves the live set below.
+            if record.deleted_at.is_none() {
+                engine
+                    .inner
+                    .metadata
+                    .mark_stream_deleted(record.id, now_utc())
+                    .await?;
+            }
+            let mut streams = engine.inner.streams.write();
             if streams.get(&key).is_some_and(|state| state.id == record.id) {
                 if let Some(state) = streams.remove(&key) {
                     state.mark_deleted();
@@ -693,6 +727,7 @@ impl Engine {
         input: AppendInput,
         create_config: Option<&StreamConfig>,
     ) -> Result<PendingAck> {
+        crate::crash_point::panic_point(&input.records);
         let valid = input.validate()?;
         self.check_accepting()?;
         let create_config = create_config.copied().unwrap_or_default();
@@ -700,16 +735,30 @@ impl Engine {
             .stream_for(basin, name, Some((AutoCreate::OnAppend, &create_config)))
             .await?;
         // Waiting for budget changes nothing, so a request dropped here leaves no trace.
-        let budget = self
-            .inner
-            .inflight
-            .clone()
-            .acquire_many_owned(self.budget_kib(valid.metered))
-            .await
-            .map_err(|_| Error::ServerDraining)?;
+        // A budget that stays spent this long means the store is not keeping up (or is
+        // away): the client is told to retry rather than left waiting without end.
+        let budget = tokio::time::timeout(
+            MAX_BUDGET_WAIT,
+            self.inner
+                .inflight
+                .clone()
+                .acquire_many_owned(self.budget_kib(valid.metered)),
+        )
+        .await
+        .map_err(|_| {
+            Error::Unavailable(format!(
+                "the server has {} MiB of appends waiting to become durable and none \
+                 finished within {} s; retry shortly",
+                self.inner.settings.max_inflight_bytes / (1024 * 1024),
+                MAX_BUDGET_WAIT.as_secs()
+            ))
+        })?
+        .map_err(|_| Error::ServerDraining)?;
+        // The store may have started failing while this append waited.
+        self.check_accepting()?;
         let (done, ack) = oneshot::channel();
         // Holding a sender keeps the writer running until this batch is in its queue.
-        let wal = self.inner.wal.read().unwrap().clone();
+        let wal = self.inner.wal.read().clone();
         let wal = wal.ok_or(Error::ServerDraining)?;
         let mut sequencer = state.sequencer().lock().await;
         // The queue slot is reserved before anything is sequenced: if this future is
@@ -743,8 +792,8 @@ impl Engine {
     }
 
     fn check_accepting(&self) -> Result<()> {
-        if let Some(reason) = self.inner.poison.get() {
-            return Err(Error::Unavailable(reason.clone()));
+        if let Some(reason) = self.inner.wal_health.borrow().refusal() {
+            return Err(Error::Unavailable(reason));
         }
         if self.inner.draining.load(Ordering::SeqCst) {
             return Err(Error::ServerDraining);

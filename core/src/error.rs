@@ -47,6 +47,13 @@ pub enum Error {
     PermissionDenied(String),
     #[error("access token `{0}` does not exist")]
     AccessTokenNotFound(String),
+    /// The client sent too much too fast (failed authentications): it may retry after
+    /// `retry_after`.
+    #[error("{message}")]
+    RateLimited {
+        message: String,
+        retry_after: std::time::Duration,
+    },
 }
 
 impl Error {
@@ -68,6 +75,7 @@ impl Error {
             Error::Unauthenticated(_) => "authn",
             Error::PermissionDenied(_) => "permission_denied",
             Error::AccessTokenNotFound(_) => "access_token_not_found",
+            Error::RateLimited { .. } => "rate_limited",
         }
     }
 

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod caller;
 mod compaction;
 pub mod config;
+pub mod connections;
 mod crash_point;
 pub mod engine;
 pub mod error;

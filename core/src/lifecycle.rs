@@ -10,7 +10,9 @@
 //! so a crash anywhere leaves work that the next pass, after a restart too, picks up.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt, TryStreamExt};
@@ -155,14 +157,13 @@ impl Engine {
         min_age: Duration,
     ) -> Result<()> {
         if !self.is_empty(stream).await? {
-            self.empty_since().0.lock().unwrap().remove(&stream.id);
+            self.empty_since().0.lock().remove(&stream.id);
             return Ok(());
         }
         let since = *self
             .empty_since()
             .0
             .lock()
-            .unwrap()
             .entry(stream.id)
             .or_insert_with(Instant::now);
         if since.elapsed() < min_age {
@@ -180,7 +181,7 @@ impl Engine {
         tracing::info!(basin = %basin, stream = %stream.name, "deleting a stream that stayed empty (delete_on_empty)");
         self.delete_stream(basin, &stream.name).await?;
         drop(sequencer);
-        self.empty_since().0.lock().unwrap().remove(&stream.id);
+        self.empty_since().0.lock().remove(&stream.id);
         Ok(())
     }
 

@@ -8,7 +8,9 @@
 //!   durable. Followers wait on `tail_tx`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 use tokio::sync::{watch, Mutex};
 
@@ -134,11 +136,11 @@ impl StreamState {
     }
 
     pub fn config(&self) -> StreamConfig {
-        *self.config.read().unwrap()
+        *self.config.read()
     }
 
     pub fn set_config(&self, config: StreamConfig) {
-        *self.config.write().unwrap() = config;
+        *self.config.write() = config;
     }
 
     /// Marks the stream deleted and wakes its followers so they can end.
@@ -155,8 +157,8 @@ impl StreamState {
         &self.sequencer
     }
 
-    pub fn visible(&self) -> std::sync::RwLockReadGuard<'_, VisibleState> {
-        self.visible.read().unwrap()
+    pub fn visible(&self) -> parking_lot::RwLockReadGuard<'_, VisibleState> {
+        self.visible.read()
     }
 
     pub fn tail(&self) -> StreamPosition {
@@ -234,7 +236,7 @@ impl StreamState {
     /// Makes a durable batch visible to readers and wakes followers.
     pub fn publish(&self, batch: &SequencedBatch, chunk: Arc<str>, span: EntrySpan) {
         let end = batch.end();
-        let mut visible = self.visible.write().unwrap();
+        let mut visible = self.visible.write();
         visible.tail = end;
         visible.trim_point = visible.trim_point.max(batch.trim_point);
         visible.batches.push(BatchLocation {
@@ -252,7 +254,7 @@ impl StreamState {
     /// Records before `through` are now in segments: reads find them through the index,
     /// and their WAL locations are forgotten.
     pub fn mark_compacted(&self, through: StreamPosition) {
-        let mut visible = self.visible.write().unwrap();
+        let mut visible = self.visible.write();
         if through.seq_num <= visible.compacted.seq_num {
             return;
         }

@@ -4,8 +4,13 @@
 //! readers and acknowledged only when its own chunk and every chunk before it are durable.
 //! That keeps each stream's acknowledged prefix dense, and it is why recovery may drop
 //! everything after the first missing chunk of an epoch: nothing there was acknowledged.
+//!
+//! A chunk that cannot be written is retried, with capped exponential backoff, for as
+//! long as it takes: an object store outage delays acknowledgements but never ends the
+//! log. While a chunk keeps failing, [`WalHealth`] says so, and the engine refuses new
+//! appends (retryably) instead of queueing them behind the outage.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -36,8 +41,6 @@ pub struct FlushSettings {
     pub max_chunk_bytes: usize,
     /// Chunks being written at once.
     pub max_in_flight: usize,
-    /// Attempts at writing one chunk before the log is declared failed.
-    pub put_attempts: u32,
 }
 
 impl Default for FlushSettings {
@@ -46,7 +49,6 @@ impl Default for FlushSettings {
             linger: Duration::ZERO,
             max_chunk_bytes: 8 * 1024 * 1024,
             max_in_flight: 4,
-            put_attempts: 3,
         }
     }
 }
@@ -58,9 +60,41 @@ pub(crate) struct PendingAppend {
     pub _budget: tokio::sync::OwnedSemaphorePermit,
 }
 
-/// Set once when a chunk cannot be written: from then on every append fails, because the
-/// in-memory state is ahead of what is durable. A restart recovers from the log.
-pub(crate) type Poison = Arc<OnceLock<String>>;
+/// The first and the longest wait between attempts at writing a chunk.
+const FIRST_RETRY_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Whether the log is being written: what readiness reports, and what appends check
+/// before they are accepted.
+#[derive(Debug, Clone, Default)]
+pub struct WalStatus {
+    /// Chunks whose write failed and is being retried.
+    pub failing_chunks: usize,
+    /// The latest failure of one of them, and since when the log has been failing.
+    pub failure: Option<(String, std::time::Instant)>,
+    /// Set if a chunk can never be written (a bug, not an outage): from then on every
+    /// append fails, because the in-memory state is ahead of what is durable. A restart
+    /// recovers from the log.
+    pub broken: Option<String>,
+}
+
+impl WalStatus {
+    /// Why appends are refused now, if they are.
+    pub fn refusal(&self) -> Option<String> {
+        if let Some(reason) = &self.broken {
+            return Some(reason.clone());
+        }
+        let (error, since) = self.failure.as_ref().filter(|_| self.failing_chunks > 0)?;
+        Some(format!(
+            "the record store has been failing for {:.1} s ({error}); appends are refused \
+             until it answers again, which streamgate keeps trying; retry shortly",
+            since.elapsed().as_secs_f64()
+        ))
+    }
+}
+
+/// Shared between the writer, its flush tasks and the engine.
+pub(crate) type WalHealth = Arc<watch::Sender<WalStatus>>;
 
 pub(crate) struct WalWriter {
     store: Arc<dyn ObjectStore>,
@@ -74,7 +108,7 @@ pub(crate) struct WalWriter {
     /// How many chunks of this epoch are released (all durable, in order): compaction
     /// may take those.
     released: watch::Sender<u64>,
-    poison: Poison,
+    health: WalHealth,
 }
 
 /// What the engine keeps of a running writer.
@@ -96,7 +130,7 @@ impl WalWriter {
         cache: Arc<ChunkCache>,
         settings: FlushSettings,
         epoch: u64,
-        poison: Poison,
+        health: WalHealth,
     ) -> WalWriterHandle {
         let (tx, rx) = mpsc::channel(1024);
         let (released, released_rx) = watch::channel(0);
@@ -109,7 +143,7 @@ impl WalWriter {
             prepared_until: 0,
             preparing: None,
             released,
-            poison,
+            health,
         };
         WalWriterHandle {
             appends: tx,
@@ -181,11 +215,10 @@ impl WalWriter {
             })
             .collect();
         let store = self.store.clone();
-        let attempts = self.settings.put_attempts.max(1);
+        let health = self.health.clone();
         let task_key = key.clone();
-        let poisoned = self.poison.get().cloned();
         let task = tokio::spawn(async move {
-            if let Some(reason) = poisoned {
+            if let Some(reason) = health.borrow().broken.clone() {
                 return Err(Error::Unavailable(reason));
             }
             let size = entries
@@ -197,18 +230,8 @@ impl WalWriter {
                 builder.push(*stream_id, *first_seq, records);
             }
             let (chunk, spans) = builder.finish();
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                match store.put(&task_key, chunk.clone()).await {
-                    Ok(()) => return Ok((chunk, spans)),
-                    Err(err) if attempt < attempts => {
-                        tracing::warn!(chunk = %task_key, attempt, error = %err, "WAL chunk write failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(100 * attempt as u64)).await;
-                    }
-                    Err(err) => return Err(err),
-                }
-            }
+            write_until_durable(store.as_ref(), &task_key, &chunk, &health).await;
+            Ok((chunk, spans))
         });
         async move {
             let outcome = match task.await {
@@ -243,10 +266,11 @@ impl WalWriter {
     }
 
     fn finish_flight(&mut self, flight: Flight, outcome: Result<(Bytes, Vec<EntrySpan>)>) {
-        let outcome = match (self.poison.get(), outcome) {
-            // A chunk after a failed one may be durable, but it must not be released: the
-            // failed chunk's batches came before it.
-            (Some(reason), _) => Err(Error::Unavailable(reason.clone())),
+        let broken = self.health.borrow().broken.clone();
+        let outcome = match (broken, outcome) {
+            // A chunk after one that can never be written may be durable, but it must not
+            // be released: the lost chunk's batches came before it.
+            (Some(reason), _) => Err(Error::Unavailable(reason)),
             (None, outcome) => outcome,
         };
         match outcome {
@@ -275,13 +299,74 @@ impl WalWriter {
                     "the write-ahead log could not be written ({err}); appends are refused \
                      until streamgate is restarted, which recovers every acknowledged record"
                 );
-                if self.poison.set(reason.clone()).is_ok() {
+                let first = self.health.send_if_modified(|status| {
+                    let first = status.broken.is_none();
+                    status.broken.get_or_insert_with(|| reason.clone());
+                    first
+                });
+                if first {
                     tracing::error!("{reason}");
                 }
                 for append in flight.appends {
                     let _ = append.done.send(Err(Error::Unavailable(reason.clone())));
                 }
             }
+        }
+    }
+}
+
+/// Puts `chunk` under `key`, retrying with capped exponential backoff until the store
+/// takes it. A put of the same key and bytes is idempotent, so a retry after an attempt
+/// whose answer was lost is harmless. From the first failure until this chunk is written,
+/// the log is reported failing, and new appends are refused meanwhile: a failed put has
+/// already been retried by the store client (S3), or is a disk error (local directory).
+async fn write_until_durable(
+    store: &dyn ObjectStore,
+    key: &str,
+    chunk: &Bytes,
+    health: &WalHealth,
+) {
+    let mut failures = 0u32;
+    let mut backoff = FIRST_RETRY_BACKOFF;
+    loop {
+        let error = match store.put(key, chunk.clone()).await {
+            Ok(()) => break,
+            Err(error) => error,
+        };
+        failures += 1;
+        let started_failing = health.send_if_modified(|status| {
+            if failures == 1 {
+                status.failing_chunks += 1;
+            }
+            let started = failures == 1 && status.failing_chunks == 1;
+            let since = match &status.failure {
+                Some((_, since)) if !started => *since,
+                _ => std::time::Instant::now(),
+            };
+            status.failure = Some((error.to_string(), since));
+            started
+        });
+        if started_failing {
+            tracing::error!(chunk = %key, error = %error, "the record store cannot be written: appends are refused until it answers again; retrying");
+        } else if failures == 1 || failures.is_multiple_of(10) {
+            tracing::warn!(chunk = %key, attempt = failures, error = %error, "WAL chunk write failed; retrying");
+        }
+        // Jitter keeps the retries of several chunks (and nodes) from moving in step.
+        let jitter = rand::random_range(0.8..1.2);
+        tokio::time::sleep(backoff.mul_f64(jitter)).await;
+        backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
+    }
+    if failures > 0 {
+        let recovered = health.send_if_modified(|status| {
+            status.failing_chunks -= 1;
+            let recovered = status.failing_chunks == 0;
+            if recovered {
+                status.failure = None;
+            }
+            recovered
+        });
+        if recovered {
+            tracing::info!(chunk = %key, attempts = failures + 1, "the record store answers again: appends are accepted again");
         }
     }
 }

@@ -5,6 +5,7 @@ mod principal;
 mod registry;
 mod scope;
 pub mod secret;
+mod throttle;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;

@@ -18,7 +18,9 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -181,7 +183,7 @@ impl LocalDirObjectStore {
 
     fn put_blocking(&self, path: &Path, data: &[u8]) -> Result<()> {
         let image = FileImage::new(data);
-        if self.prepared.lock().unwrap().remove(path) {
+        if self.prepared.lock().remove(path) {
             // Its directory entry is durable already: one fdatasync makes the data durable.
             match write_image(path, &image, Target::Prepared) {
                 Ok(file) => return file.sync_data().map_err(|e| io_error(path, e)),
@@ -273,7 +275,7 @@ fn prepare_files(
     }
     // Under the lock, so that a concurrent delete either removed the file before the
     // check or removes the key after this.
-    let mut prepared = prepared.lock().unwrap();
+    let mut prepared = prepared.lock();
     prepared.extend(created.into_iter().filter(|path| path.exists()));
     Ok(())
 }
@@ -378,7 +380,7 @@ impl ObjectStore for LocalDirObjectStore {
             };
             // After the unlink: a concurrent `prepare` of this key records it only if
             // its file still exists, so the key is not left marked prepared.
-            prepared.lock().unwrap().remove(&path);
+            prepared.lock().remove(&path);
             removed
         })
         .await
@@ -541,7 +543,7 @@ mod tests {
         store.prepare(&keys).await.unwrap();
         let path = |key: &str| dir.path().join(key);
         let inode = |key: &str| fs::metadata(path(key)).unwrap().ino();
-        let is_marked = |key: &str| store.prepared.lock().unwrap().contains(&path(key));
+        let is_marked = |key: &str| store.prepared.lock().contains(&path(key));
         let prepared = inode("wal/9/0");
         assert!(keys.iter().all(|key| is_marked(key)));
         assert!(store.list("").await.unwrap().is_empty());

@@ -1,8 +1,8 @@
 //! An in-memory `ObjectStore`, for unit tests only: it keeps nothing across restarts.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::Mutex;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -18,12 +18,12 @@ pub struct MemoryObjectStore {
 #[async_trait]
 impl ObjectStore for MemoryObjectStore {
     async fn put(&self, key: &str, data: Bytes) -> Result<()> {
-        self.objects.lock().unwrap().insert(key.to_owned(), data);
+        self.objects.lock().insert(key.to_owned(), data);
         Ok(())
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
-        Ok(self.objects.lock().unwrap().get(key).cloned())
+        Ok(self.objects.lock().get(key).cloned())
     }
 
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
@@ -35,7 +35,7 @@ impl ObjectStore for MemoryObjectStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>> {
-        let objects = self.objects.lock().unwrap();
+        let objects = self.objects.lock();
         Ok(objects
             .range(prefix.to_owned()..)
             .take_while(|(key, _)| key.starts_with(prefix))
@@ -44,7 +44,7 @@ impl ObjectStore for MemoryObjectStore {
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        self.objects.lock().unwrap().remove(key);
+        self.objects.lock().remove(key);
         Ok(())
     }
 

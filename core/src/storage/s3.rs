@@ -9,6 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::error::SdkError;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::Client;
 use bytes::Bytes;
@@ -64,9 +66,9 @@ impl S3ObjectStore {
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .retry_config(
                 RetryConfig::standard()
-                    .with_max_attempts(6)
+                    .with_max_attempts(3)
                     .with_initial_backoff(Duration::from_millis(50))
-                    .with_max_backoff(Duration::from_secs(5)),
+                    .with_max_backoff(Duration::from_secs(1)),
             )
             .timeout_config(
                 TimeoutConfig::builder()
@@ -125,8 +127,34 @@ impl S3ObjectStore {
     }
 }
 
-fn s3_error(what: &str, key: &str, err: impl std::error::Error) -> Error {
-    // The SDK's Display is terse; the source chain says what went wrong.
+/// Turns an SDK failure into an error that says what failed and why. Failures to reach
+/// S3 or to get an answer (connection refused or reset, timeouts, 5xx, throttling) are
+/// `Unavailable`: waiting and retrying fixes them. Refusals (403, a missing bucket, ...)
+/// are `Storage` errors, which need an operator.
+fn s3_error<E>(what: &str, key: &str, err: SdkError<E, HttpResponse>) -> Error
+where
+    E: std::error::Error + 'static,
+{
+    let transient = match &err {
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
+            true
+        }
+        SdkError::ServiceError(_) => err
+            .raw_response()
+            .map(|response| response.status().as_u16())
+            .is_some_and(|status| status >= 500 || status == 429),
+        _ => false,
+    };
+    let message = format!("S3 {what} `{key}`: {}", with_causes(&err));
+    if transient {
+        Error::Unavailable(message)
+    } else {
+        Error::Storage(message)
+    }
+}
+
+/// The error and its source chain: the SDK's own Display is terse.
+fn with_causes(err: &dyn std::error::Error) -> String {
     let mut message = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
@@ -134,72 +162,112 @@ fn s3_error(what: &str, key: &str, err: impl std::error::Error) -> Error {
         message.push_str(&cause.to_string());
         source = cause.source();
     }
-    Error::storage(format!("S3 {what} `{key}`: {message}"))
+    message
 }
+
+/// How long one request may take before it is abandoned as unanswered (a network black
+/// hole, a stalled server): a base, plus time to move `bytes` at a slow rate.
+fn request_deadline(bytes: usize) -> Duration {
+    const BASE: Duration = Duration::from_secs(5);
+    const SLOWEST_BYTES_PER_SEC: f64 = 1024.0 * 1024.0;
+    BASE + Duration::from_secs_f64(bytes as f64 / SLOWEST_BYTES_PER_SEC)
+}
+
+/// Runs one S3 request with its deadline; an expired one is `Unavailable`, and is
+/// cancelled (its connection dropped), so a retry starts afresh.
+async fn bounded<T>(
+    what: &str,
+    key: &str,
+    bytes: usize,
+    request: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let deadline = request_deadline(bytes);
+    tokio::time::timeout(deadline, request)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Unavailable(format!(
+                "S3 {what} `{key}`: no answer within {} s",
+                deadline.as_secs()
+            )))
+        })
+}
+
+/// What a whole-object read is assumed to move when its size is not known: the largest
+/// object streamgate writes (a full WAL chunk or segment).
+const LARGEST_OBJECT: usize = 8 * 1024 * 1024;
 
 #[async_trait]
 impl ObjectStore for S3ObjectStore {
     async fn put(&self, key: &str, data: Bytes) -> Result<()> {
         // A PUT is atomic: the object appears whole or not at all, and is durable in S3
         // once acknowledged.
-        self.client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(self.key(key))
-            .body(ByteStream::from(data))
-            .send()
-            .await
-            .map_err(|e| s3_error("put", key, e))?;
-        Ok(())
+        let size = data.len();
+        let request = async {
+            self.client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(self.key(key))
+                .body(ByteStream::from(data))
+                .send()
+                .await
+                .map_err(|e| s3_error("put", key, e))?;
+            Ok(())
+        };
+        bounded("put", key, size, request).await
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
-        let response = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(self.key(key))
-            .send()
-            .await;
-        match response {
-            Ok(object) => {
-                let body = object
-                    .body
-                    .collect()
-                    .await
-                    .map_err(|e| s3_error("get", key, e))?;
-                Ok(Some(body.into_bytes()))
+        let request = async {
+            let response = self
+                .client
+                .get_object()
+                .bucket(&self.bucket)
+                .key(self.key(key))
+                .send()
+                .await;
+            match response {
+                Ok(object) => {
+                    let body = object.body.collect().await.map_err(|e| {
+                        Error::Unavailable(format!("S3 get `{key}`: {}", with_causes(&e)))
+                    })?;
+                    Ok(Some(body.into_bytes()))
+                }
+                Err(err) if err.as_service_error().is_some_and(|e| e.is_no_such_key()) => Ok(None),
+                Err(err) => Err(s3_error("get", key, err)),
             }
-            Err(err) if err.as_service_error().is_some_and(|e| e.is_no_such_key()) => Ok(None),
-            Err(err) => Err(s3_error("get", key, err)),
-        }
+        };
+        bounded("get", key, LARGEST_OBJECT, request).await
     }
 
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
         if range.is_empty() {
             return Ok(Bytes::new());
         }
-        let object = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(self.key(key))
-            .range(format!("bytes={}-{}", range.start, range.end - 1))
-            .send()
-            .await
-            .map_err(|e| s3_error("get", key, e))?;
-        let body = object
-            .body
-            .collect()
-            .await
-            .map_err(|e| s3_error("get", key, e))?
-            .into_bytes();
-        if body.len() as u64 != range.end - range.start {
-            return Err(Error::storage(format!(
-                "S3 get `{key}`: range {range:?} is outside the object"
-            )));
-        }
-        Ok(body)
+        let request = async {
+            let object = self
+                .client
+                .get_object()
+                .bucket(&self.bucket)
+                .key(self.key(key))
+                .range(format!("bytes={}-{}", range.start, range.end - 1))
+                .send()
+                .await
+                .map_err(|e| s3_error("get", key, e))?;
+            let body = object
+                .body
+                .collect()
+                .await
+                .map_err(|e| Error::Unavailable(format!("S3 get `{key}`: {}", with_causes(&e))))?
+                .into_bytes();
+            if body.len() as u64 != range.end - range.start {
+                return Err(Error::storage(format!(
+                    "S3 get `{key}`: range {range:?} is outside the object"
+                )));
+            }
+            Ok(body)
+        };
+        let size = usize::try_from(range.end - range.start).unwrap_or(usize::MAX);
+        bounded("get", key, size.min(LARGEST_OBJECT), request).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>> {
@@ -211,7 +279,10 @@ impl ObjectStore for S3ObjectStore {
             .prefix(self.key(prefix))
             .into_paginator()
             .send();
-        while let Some(page) = pages.next().await {
+        loop {
+            // Each page (up to 1000 keys) is one request with its own deadline.
+            let page = bounded("list", prefix, 0, async { Ok(pages.next().await) }).await?;
+            let Some(page) = page else { break };
             let page = page.map_err(|e| s3_error("list", prefix, e))?;
             keys.extend(
                 page.contents()
@@ -226,14 +297,17 @@ impl ObjectStore for S3ObjectStore {
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        self.client
-            .delete_object()
-            .bucket(&self.bucket)
-            .key(self.key(key))
-            .send()
-            .await
-            .map_err(|e| s3_error("delete", key, e))?;
-        Ok(())
+        let request = async {
+            self.client
+                .delete_object()
+                .bucket(&self.bucket)
+                .key(self.key(key))
+                .send()
+                .await
+                .map_err(|e| s3_error("delete", key, e))?;
+            Ok(())
+        };
+        bounded("delete", key, 0, request).await
     }
 
     fn describe(&self) -> String {

@@ -356,8 +356,34 @@ async fn create_postgres_database(url: &str) -> Result<()> {
     }
 }
 
+/// A database failure as the engine's error: `Unavailable` when waiting and retrying
+/// fixes it (the connection broke or timed out, the server is restarting or overloaded,
+/// a lock was busy), `Storage` when it needs an operator.
 fn db(err: sqlx::Error) -> Error {
-    Error::storage(format!("metadata store: {err}"))
+    let transient = match &err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
+            // PostgreSQL: connection exceptions (08), serialization failures and
+            // deadlocks (40), insufficient resources (53), operator intervention such
+            // as a shutdown (57). SQLite: busy (5) and locked (6).
+            ["08", "40", "53", "57"]
+                .iter()
+                .any(|class| code.starts_with(class))
+                || code == "5"
+                || code == "6"
+        }),
+        _ => false,
+    };
+    let message = format!("metadata store: {err}");
+    if transient {
+        Error::Unavailable(message)
+    } else {
+        Error::Storage(message)
+    }
 }
 
 fn to_ms(t: OffsetDateTime) -> i64 {

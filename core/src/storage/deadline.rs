@@ -1,0 +1,291 @@
+//! Deadlines on metadata calls. A database behind a network black hole (packets dropped,
+//! no reset) never answers and no driver error ever comes: without a deadline, every
+//! request that needs the metadata store would wait forever. With one, such a call fails
+//! as `Unavailable` (retryable) and the engine goes on serving what needs no metadata.
+//!
+//! A call that passed its deadline may still have taken effect (its answer was lost), as
+//! with any lost connection: every caller already treats `Unavailable` as "maybe".
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use time::OffsetDateTime;
+
+use super::metadata::{BasinRecord, Created, ListPage, ListRange, MetadataStore, StreamRecord};
+use crate::access::AccessTokenInfo;
+use crate::config::{BasinConfig, StreamConfig};
+use crate::error::{Error, Result};
+use crate::names::{BasinName, StreamName};
+use crate::segment::{CompactionCommit, SegmentRecord, StreamCheckpoint};
+
+/// The deadline of calls made while serving requests: small reads and writes.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+/// The deadline of calls that may move a lot: a compaction commit, and the listings
+/// that recovery reads once per start.
+pub const BULK_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A `MetadataStore` whose every call ends within its deadline.
+pub struct Deadlines {
+    store: Arc<dyn MetadataStore>,
+}
+
+impl Deadlines {
+    pub fn new(store: Arc<dyn MetadataStore>) -> Deadlines {
+        Deadlines { store }
+    }
+}
+
+async fn within<T>(
+    deadline: Duration,
+    what: &str,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(deadline, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Unavailable(format!(
+                "metadata store: no answer to {what} within {} s",
+                deadline.as_secs()
+            )))
+        })
+}
+
+#[async_trait]
+impl MetadataStore for Deadlines {
+    async fn create_basin(&self, basin: BasinRecord) -> Result<Created<BasinRecord>> {
+        within(
+            REQUEST_DEADLINE,
+            "creating a basin",
+            self.store.create_basin(basin),
+        )
+        .await
+    }
+
+    async fn get_basin(&self, name: &BasinName) -> Result<Option<BasinRecord>> {
+        within(
+            REQUEST_DEADLINE,
+            "reading a basin",
+            self.store.get_basin(name),
+        )
+        .await
+    }
+
+    async fn list_basins(&self, range: &ListRange) -> Result<ListPage<BasinRecord>> {
+        within(
+            REQUEST_DEADLINE,
+            "listing basins",
+            self.store.list_basins(range),
+        )
+        .await
+    }
+
+    async fn set_basin_config(&self, name: &BasinName, config: &BasinConfig) -> Result<()> {
+        let call = self.store.set_basin_config(name, config);
+        within(REQUEST_DEADLINE, "reconfiguring a basin", call).await
+    }
+
+    async fn mark_basin_deleted(&self, name: &BasinName, at: OffsetDateTime) -> Result<()> {
+        let call = self.store.mark_basin_deleted(name, at);
+        within(REQUEST_DEADLINE, "deleting a basin", call).await
+    }
+
+    async fn remove_basin(&self, name: &BasinName) -> Result<()> {
+        within(
+            REQUEST_DEADLINE,
+            "removing a basin",
+            self.store.remove_basin(name),
+        )
+        .await
+    }
+
+    async fn create_stream(&self, stream: StreamRecord) -> Result<Created<StreamRecord>> {
+        within(
+            REQUEST_DEADLINE,
+            "creating a stream",
+            self.store.create_stream(stream),
+        )
+        .await
+    }
+
+    async fn get_stream(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+    ) -> Result<Option<StreamRecord>> {
+        let call = self.store.get_stream(basin, name);
+        within(REQUEST_DEADLINE, "reading a stream", call).await
+    }
+
+    async fn list_streams(
+        &self,
+        basin: &BasinName,
+        range: &ListRange,
+    ) -> Result<ListPage<StreamRecord>> {
+        let call = self.store.list_streams(basin, range);
+        within(REQUEST_DEADLINE, "listing streams", call).await
+    }
+
+    async fn set_stream_config(&self, id: u64, config: &StreamConfig) -> Result<()> {
+        let call = self.store.set_stream_config(id, config);
+        within(REQUEST_DEADLINE, "reconfiguring a stream", call).await
+    }
+
+    async fn mark_stream_deleted(&self, id: u64, at: OffsetDateTime) -> Result<()> {
+        let call = self.store.mark_stream_deleted(id, at);
+        within(REQUEST_DEADLINE, "deleting a stream", call).await
+    }
+
+    async fn remove_stream(&self, id: u64) -> Result<()> {
+        within(
+            REQUEST_DEADLINE,
+            "removing a stream",
+            self.store.remove_stream(id),
+        )
+        .await
+    }
+
+    async fn pending_deletions(&self) -> Result<(Vec<StreamRecord>, Vec<BasinName>)> {
+        let call = self.store.pending_deletions();
+        within(BULK_DEADLINE, "listing pending deletions", call).await
+    }
+
+    async fn live_streams(&self) -> Result<Vec<StreamRecord>> {
+        within(
+            BULK_DEADLINE,
+            "listing live streams",
+            self.store.live_streams(),
+        )
+        .await
+    }
+
+    async fn stream_is_live(&self, id: u64) -> Result<bool> {
+        within(
+            REQUEST_DEADLINE,
+            "checking a stream",
+            self.store.stream_is_live(id),
+        )
+        .await
+    }
+
+    async fn next_epoch(&self) -> Result<u64> {
+        within(REQUEST_DEADLINE, "taking an epoch", self.store.next_epoch()).await
+    }
+
+    async fn commit_compaction(
+        &self,
+        commit: &CompactionCommit,
+        obsolete_after: OffsetDateTime,
+    ) -> Result<()> {
+        let call = self.store.commit_compaction(commit, obsolete_after);
+        within(BULK_DEADLINE, "committing a compaction round", call).await
+    }
+
+    async fn stream_checkpoints(&self) -> Result<BTreeMap<u64, StreamCheckpoint>> {
+        let call = self.store.stream_checkpoints();
+        within(BULK_DEADLINE, "reading stream checkpoints", call).await
+    }
+
+    async fn wal_watermarks(&self) -> Result<BTreeMap<u64, u64>> {
+        within(
+            BULK_DEADLINE,
+            "reading WAL watermarks",
+            self.store.wal_watermarks(),
+        )
+        .await
+    }
+
+    async fn segment_at(&self, stream_id: u64, seq_num: u64) -> Result<Option<SegmentRecord>> {
+        let call = self.store.segment_at(stream_id, seq_num);
+        within(REQUEST_DEADLINE, "looking up a segment", call).await
+    }
+
+    async fn segment_at_timestamp(
+        &self,
+        stream_id: u64,
+        timestamp: u64,
+    ) -> Result<Option<SegmentRecord>> {
+        let call = self.store.segment_at_timestamp(stream_id, timestamp);
+        within(REQUEST_DEADLINE, "looking up a segment", call).await
+    }
+
+    async fn drop_segments(
+        &self,
+        stream_id: u64,
+        trim_point: u64,
+        written_before_ms: u64,
+        limit: usize,
+        obsolete_after: OffsetDateTime,
+    ) -> Result<usize> {
+        let call = self.store.drop_segments(
+            stream_id,
+            trim_point,
+            written_before_ms,
+            limit,
+            obsolete_after,
+        );
+        within(REQUEST_DEADLINE, "dropping segments", call).await
+    }
+
+    async fn obsolete_objects(&self, now: OffsetDateTime, limit: usize) -> Result<Vec<String>> {
+        let call = self.store.obsolete_objects(now, limit);
+        within(REQUEST_DEADLINE, "listing obsolete objects", call).await
+    }
+
+    async fn forget_obsolete_objects(&self, keys: &[String]) -> Result<()> {
+        let call = self.store.forget_obsolete_objects(keys);
+        within(REQUEST_DEADLINE, "forgetting obsolete objects", call).await
+    }
+
+    async fn put_access_token(
+        &self,
+        token: &AccessTokenInfo,
+        secret_digest: &[u8],
+        replace: bool,
+    ) -> Result<()> {
+        let call = self.store.put_access_token(token, secret_digest, replace);
+        within(REQUEST_DEADLINE, "storing an access token", call).await
+    }
+
+    async fn access_token_by_digest(
+        &self,
+        digest: &[u8],
+    ) -> Result<Option<(AccessTokenInfo, Vec<u8>)>> {
+        let call = self.store.access_token_by_digest(digest);
+        within(REQUEST_DEADLINE, "looking up an access token", call).await
+    }
+
+    async fn list_access_tokens(&self, range: &ListRange) -> Result<ListPage<AccessTokenInfo>> {
+        let call = self.store.list_access_tokens(range);
+        within(REQUEST_DEADLINE, "listing access tokens", call).await
+    }
+
+    async fn delete_access_token(&self, id: &str) -> Result<bool> {
+        let call = self.store.delete_access_token(id);
+        within(REQUEST_DEADLINE, "revoking an access token", call).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_without_an_answer_ends_as_unavailable() {
+        let silent = within(
+            REQUEST_DEADLINE,
+            "a test call",
+            std::future::pending::<Result<()>>(),
+        );
+        match silent.await {
+            Err(Error::Unavailable(message)) => {
+                assert!(message.contains("within 5 s"), "{message}")
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        let prompt = within(REQUEST_DEADLINE, "a test call", async { Ok(7) });
+        assert_eq!(prompt.await.unwrap(), 7);
+    }
+}
