@@ -101,6 +101,12 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_REAP_INTERVAL_SECS", default_value_t = 5)]
     pub reap_interval_secs: u64,
 
+    /// Client connections open at once, HTTP and RESP together. Past it, a new
+    /// connection is refused at once (`503` over HTTP, `-ERR max number of clients
+    /// reached` over RESP) until others close.
+    #[arg(long, env = "STREAMGATE_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: usize,
+
     /// PEM certificate chain: serve HTTPS (HTTP/2 and HTTP/1.1 via ALPN) and RESP over TLS
     /// instead of cleartext. Requires --tls-key.
     #[arg(long, env = "STREAMGATE_TLS_CERT", requires = "tls_key")]

@@ -26,6 +26,12 @@ async fn main() {
         .with_env_filter(EnvFilter::try_new(&args.log).unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
         .init();
+    // A panic ends only the task (request, session or connection) it happened in; say so
+    // in the log, where the operator looks.
+    std::panic::set_hook(Box::new(|panic| {
+        tracing::error!(%panic, "a task panicked; the request or connection it served ended, everything else goes on");
+    }));
+    raise_open_files_limit();
     if let Err(err) = run(args).await {
         eprintln!("streamgate: {err:#}");
         std::process::exit(1);
@@ -164,6 +170,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         &root_token,
     );
 
+    let connections =
+        streamgate_core::connections::ConnectionSlots::new(args.max_connections.max(1));
     let (start_drain, drain) = api::sessions::Drain::new();
     let resp_task = resp_listener.map(|listener| {
         tokio::spawn(streamgate_resp::serve(
@@ -171,6 +179,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             engine.clone(),
             resp_settings,
             tls.clone(),
+            connections.clone(),
             start_drain.subscribe(),
         ))
     });
@@ -181,7 +190,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         // with `server_draining`, read sessions end.
         let _ = start_drain.send(true);
     };
-    server::serve(listener, app, tls, shutdown, Duration::from_secs(30)).await;
+    server::serve(
+        listener,
+        app,
+        tls,
+        connections,
+        shutdown,
+        Duration::from_secs(30),
+    )
+    .await;
     if let Some(task) = resp_task {
         let _ = task.await;
     }
@@ -368,6 +385,23 @@ fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
         );
     }
     Ok(file)
+}
+
+/// Raises the soft limit on open files to the hard limit, so `--max-connections` (and
+/// the files of the local store) are not cut short by a low default such as 1024.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write and read only the struct passed to them.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

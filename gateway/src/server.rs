@@ -1,7 +1,12 @@
 //! The HTTP listener: HTTP/1.1 and cleartext HTTP/2 (prior knowledge) on one port, with
 //! flow-control windows sized for streaming large batches, and a graceful drain.
+//!
+//! Connections are bounded in number, and a client must show it speaks HTTP (and finish
+//! a TLS handshake) within `HANDSHAKE_TIMEOUT` and send each request's headers within
+//! `HEADER_TIMEOUT`; so slow or silent clients cannot hold the server's connections.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
@@ -9,40 +14,64 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use streamgate_core::connections::{ConnectionSlot, ConnectionSlots};
+use streamgate_http::ClientAddress;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
-
-fn spawn_connection<E: std::fmt::Display>(
-    connection: impl Future<Output = Result<(), E>> + Send + 'static,
-) {
-    tokio::spawn(async move {
-        if let Err(err) = connection.await {
-            tracing::debug!(error = %err, "connection ended with an error");
-        }
-    });
-}
 
 /// HTTP/2 windows: large enough that a client pipelining megabyte batches on one
 /// connection is limited by the disk, not by window updates.
 const STREAM_WINDOW: u32 = 8 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
+/// How long a new connection may take to complete its TLS handshake, or (in cleartext)
+/// to send the first bytes that tell HTTP/1.1 from HTTP/2.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an HTTP/1.1 request's headers may take to arrive.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most bytes of headers in one request, and (HTTP/1.1) most header fields.
+const MAX_HEADER_BYTES: u32 = 64 * 1024;
+const MAX_HEADER_FIELDS: usize = 100;
+/// The HTTP/2 connection preface, which a cleartext HTTP/2 client sends first.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+fn spawn_connection<E: std::fmt::Display>(
+    connection: impl Future<Output = Result<(), E>> + Send + 'static,
+    slot: ConnectionSlot,
+) {
+    tokio::spawn(async move {
+        if let Err(err) = connection.await {
+            tracing::debug!(error = %err, "connection ended with an error");
+        }
+        drop(slot);
+    });
+}
 
 /// Serves `app` until `shutdown` resolves, then stops accepting, lets requests in flight
 /// finish (up to `drain_timeout`), and returns. With `tls`, every connection is TLS.
+/// `connections` bounds the connections open at once (shared with the RESP listener):
+/// past it, a new connection is answered `503` and closed.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     tls: Option<TlsAcceptor>,
+    connections: ConnectionSlots,
     shutdown: impl Future<Output = ()>,
     drain_timeout: Duration,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_headers(MAX_HEADER_FIELDS)
+        .max_buf_size(MAX_HEADER_BYTES as usize + 16 * 1024);
     builder
         .http2()
         .timer(TokioTimer::new())
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(1024 * 1024 - 1)
+        .max_header_list_size(MAX_HEADER_BYTES)
         // Many idle tailing read sessions may share one connection.
         .max_concurrent_streams(Some(10_000))
         .keep_alive_interval(Some(Duration::from_secs(20)));
@@ -51,7 +80,7 @@ pub async fn serve(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (socket, _) = match accepted {
+                let (socket, peer) = match accepted {
                     Ok(accepted) => accepted,
                     Err(err) => {
                         tracing::warn!(error = %err, "accepting a connection failed");
@@ -59,27 +88,34 @@ pub async fn serve(
                         continue;
                     }
                 };
+                let Some(slot) = connections.take("HTTP") else {
+                    tokio::spawn(refuse(socket));
+                    continue;
+                };
                 let _ = socket.set_nodelay(true);
-                let service = TowerToHyperService::new(app.clone());
-                match &tls {
-                    None => {
-                        let connection = builder.serve_connection_with_upgrades(TokioIo::new(socket), service);
-                        spawn_connection(graceful.watch(connection.into_owned()));
-                    }
-                    Some(tls) => {
-                        // The handshake runs in its own task so a slow client cannot stall accepts.
-                        let (tls, builder, watcher) = (tls.clone(), builder.clone(), graceful.watcher());
-                        tokio::spawn(async move {
-                            match tls.accept(socket).await {
-                                Ok(stream) => {
-                                    let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                                    spawn_connection(watcher.watch(connection.into_owned()));
-                                }
-                                Err(err) => tracing::debug!(error = %err, "TLS handshake failed"),
+                let (tls, builder, watcher) = (tls.clone(), builder.clone(), graceful.watcher());
+                let service = service_for(&app, peer);
+                // The handshake runs in its own task so a slow client cannot stall accepts.
+                tokio::spawn(async move {
+                    match tls {
+                        None => {
+                            if !speaks_within_deadline(&socket).await {
+                                tracing::debug!(%peer, "connection closed: nothing sent within the handshake timeout");
+                                return;
                             }
-                        });
+                            let connection = builder.serve_connection_with_upgrades(TokioIo::new(socket), service);
+                            spawn_connection(watcher.watch(connection.into_owned()), slot);
+                        }
+                        Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(socket)).await {
+                            Ok(Ok(stream)) => {
+                                let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                                spawn_connection(watcher.watch(connection.into_owned()), slot);
+                            }
+                            Ok(Err(err)) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
+                            Err(_) => tracing::debug!(%peer, "TLS handshake did not finish within the handshake timeout"),
+                        },
                     }
-                }
+                });
             }
             _ = &mut shutdown => break,
         }
@@ -91,4 +127,60 @@ pub async fn serve(
     {
         tracing::warn!("some connections did not finish within {drain_timeout:?}; closing them");
     }
+}
+
+/// The app for one connection: every request carries the client's address.
+fn service_for(
+    app: &Router,
+    peer: SocketAddr,
+) -> TowerToHyperService<
+    tower::util::MapRequest<
+        Router,
+        impl Fn(
+                axum::http::Request<hyper::body::Incoming>,
+            ) -> axum::http::Request<hyper::body::Incoming>
+            + Clone,
+    >,
+> {
+    let with_address = move |mut request: axum::http::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(ClientAddress(peer));
+        request
+    };
+    TowerToHyperService::new(tower::util::MapRequest::new(app.clone(), with_address))
+}
+
+/// Waits until a cleartext client has sent enough to tell which HTTP version it speaks
+/// (the whole HTTP/2 preface, or anything that is not its beginning), within
+/// `HANDSHAKE_TIMEOUT`. Past that, hyper's own timeouts watch the connection.
+async fn speaks_within_deadline(socket: &TcpStream) -> bool {
+    let looked = async {
+        let mut head = [0u8; H2_PREFACE.len()];
+        loop {
+            match socket.peek(&mut head).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) if n == head.len() || head[..n] != H2_PREFACE[..n] => return true,
+                // A partial preface: wait for the rest without spinning.
+                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, looked)
+        .await
+        .unwrap_or(false)
+}
+
+/// Answers a connection over the limit with a `503` (readable by HTTP/1.1 clients) and
+/// closes it.
+async fn refuse(mut socket: TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let body = r#"{"code":"unavailable","message":"the server has as many connections open as it allows (--max-connections); retry shortly"}"#;
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        socket.write_all(response.as_bytes()),
+    )
+    .await;
 }

@@ -17,12 +17,11 @@ mod wire;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use prost::Message;
-use streamgate_core::names::BasinName;
 use streamgate_core::Engine;
 
 pub use export::{CONTENT_TYPE_HEADER, SIGNAL_HEADER};
@@ -33,7 +32,7 @@ use export::{ExportError, Outcome};
 
 /// Largest request body accepted, after decompression. Exporters are advised to send
 /// at most 512 KiB; a request may still carry several streams' worth.
-const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
 
 /// The routes, to be mounted under `/otlp`.
 pub fn router(engine: Engine) -> Router {
@@ -77,19 +76,23 @@ async fn accept(
     parts: &axum::http::request::Parts,
     body: axum::body::Body,
 ) -> Result<Response, Failure> {
-    let basin = basin(&parts.headers, parts.uri.host()).map_err(Failure::bad_request)?;
-    let authorization = parts
-        .headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let token = streamgate_core::access::bearer_token(authorization).map_err(Failure::from)?;
-    let caller = engine.authenticate(token).await.map_err(Failure::from)?;
-    let body = axum::body::to_bytes(Body::new(body), MAX_REQUEST_BYTES)
+    let basin = streamgate_http::basin(parts).map_err(Failure::bad_request)?;
+    let caller = streamgate_http::authenticate(engine, parts)
         .await
-        .map_err(|e| Failure {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            code: RpcCode::InvalidArgument,
-            message: format!("could not read the request body (at most {MAX_REQUEST_BYTES} bytes after decompression): {e}"),
+        .map_err(Failure::from)?;
+    let body = streamgate_http::read_body(Body::new(body), MAX_REQUEST_BYTES)
+        .await
+        .map_err(|err| {
+            let status = match err {
+                streamgate_http::BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                streamgate_http::BodyError::TimedOut => StatusCode::REQUEST_TIMEOUT,
+                streamgate_http::BodyError::Unreadable(_) => StatusCode::BAD_REQUEST,
+            };
+            Failure {
+                status,
+                code: RpcCode::InvalidArgument,
+                message: err.to_string(),
+            }
         })?;
     let headers = export::record_headers(signal, encoding);
     let limit = export::record_body_limit(&headers);
@@ -149,7 +152,9 @@ impl Failure {
             body,
         )
             .into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        if self.status == StatusCode::SERVICE_UNAVAILABLE
+            || self.status == StatusCode::TOO_MANY_REQUESTS
+        {
             // Exporters retry 503s, after this long.
             response
                 .headers_mut()
@@ -165,6 +170,10 @@ impl From<streamgate_core::Error> for Failure {
         let (status, code) = match err {
             streamgate_core::Error::Unauthenticated(_) => {
                 (StatusCode::UNAUTHORIZED, RpcCode::Unauthenticated)
+            }
+            // Exporters retry 429 and 503 after `Retry-After`.
+            streamgate_core::Error::RateLimited { .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, RpcCode::ResourceExhausted)
             }
             _ => (StatusCode::SERVICE_UNAVAILABLE, RpcCode::Unavailable),
         };
@@ -194,15 +203,6 @@ impl From<ExportError> for Failure {
             message,
         }
     }
-}
-
-/// The basin: the `s2-basin` header, or a `{basin}.b.…` host, as for the REST API.
-fn basin(headers: &HeaderMap, uri_host: Option<&str>) -> Result<BasinName, String> {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or(uri_host);
-    BasinName::of_request(headers.get("s2-basin").map(|v| v.as_bytes()), host)
 }
 
 /// `Export*ServiceResponse`: field 1 is `partial_success`, whose field 1 is the
@@ -255,6 +255,7 @@ enum RpcCode {
     InvalidArgument = 3,
     NotFound = 5,
     PermissionDenied = 7,
+    ResourceExhausted = 8,
     Unavailable = 14,
     Unauthenticated = 16,
 }

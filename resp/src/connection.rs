@@ -8,10 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures::future::BoxFuture;
 use futures::stream::{FuturesOrdered, StreamExt};
-use redis_protocol::resp2::types::BytesFrame;
 use streamgate_core::names::BasinName;
 use streamgate_core::Engine;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -22,8 +21,12 @@ use crate::exec::{Session, XaddBatch};
 use crate::reply::Reply;
 use crate::RespSettings;
 
-/// Largest command accepted.
-const MAX_COMMAND_BYTES: usize = 2 * 1024 * 1024;
+/// Bytes read ahead while a command runs (a client pipelining behind a blocked XREAD):
+/// past this the connection stops reading until the command is done.
+const MAX_BUFFERED_INPUT: usize = crate::request::MAX_REQUEST_BYTES + 64 * 1024;
+/// Replies a pipelining client may have outstanding before the connection stops reading
+/// its further commands (they wait in the socket, so the client feels backpressure).
+const MAX_PENDING_REPLIES: usize = 1024;
 /// A command must arrive in full within this long.
 const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
 /// A connection must authenticate within this long of being accepted (as on S2).
@@ -38,10 +41,10 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     engine: Engine,
     settings: Arc<RespSettings>,
     sni_basin: Option<BasinName>,
-    id: u64,
+    client: crate::Client,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let mut session = Session::new(engine, settings, sni_basin, id);
+    let mut session = Session::new(engine, settings, sni_basin, client);
     let mut input = BytesMut::with_capacity(16 * 1024);
     let mut output = BytesMut::with_capacity(16 * 1024);
     let mut pending: Pending = FuturesOrdered::new();
@@ -53,10 +56,10 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     loop {
         // Run every complete command in the buffer.
         loop {
-            let args = match next_command(&mut input) {
+            let args = match crate::request::next_request(&mut input) {
                 Ok(Some(args)) => args,
                 Ok(None) => break,
-                Err(message) => {
+                Err(crate::request::ProtocolError(message)) => {
                     flush_batch(&mut session, &mut batch, &mut pending).await;
                     drain(&mut pending, session.resp3, &mut output).await;
                     Reply::error(message).encode(session.resp3, &mut output);
@@ -105,7 +108,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                     loop {
                         tokio::select! {
                             outcome = &mut execution => break outcome,
-                            read = stream.read_buf(&mut input) => {
+                            read = stream.read_buf(&mut input), if input.len() < MAX_BUFFERED_INPUT => {
                                 if read? == 0 {
                                     return Ok(());
                                 }
@@ -145,7 +148,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                     return Ok(());
                 }
             }
-            read = stream.read_buf(&mut input) => {
+            read = stream.read_buf(&mut input), if pending.len() < MAX_PENDING_REPLIES => {
                 if read? == 0 {
                     // The client closed its side: finish what it sent, then stop.
                     drain(&mut pending, session.resp3, &mut output).await;
@@ -195,92 +198,4 @@ async fn drain(pending: &mut Pending, resp3: bool, output: &mut BytesMut) -> boo
         close |= must_close;
     }
     close
-}
-
-/// The next whole command in `input` as its arguments, `Ok(None)` if more bytes are
-/// needed, or an error that ends the connection.
-fn next_command(input: &mut BytesMut) -> Result<Option<Vec<Bytes>>, String> {
-    if input.is_empty() {
-        return Ok(None);
-    }
-    if input[0] != b'*' {
-        return inline_command(input);
-    }
-    match redis_protocol::resp2::decode::decode_bytes_mut(input) {
-        Ok(Some((frame, _, _))) => match frame {
-            BytesFrame::Array(items) => items
-                .into_iter()
-                .map(|item| match item {
-                    BytesFrame::BulkString(b) | BytesFrame::SimpleString(b) => Ok(b),
-                    BytesFrame::Integer(i) => Ok(Bytes::from(i.to_string())),
-                    _ => Err("ERR Protocol error: commands are arrays of bulk strings".to_string()),
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some),
-            _ => Err("ERR Protocol error: commands are arrays of bulk strings".into()),
-        },
-        Ok(None) if input.len() > MAX_COMMAND_BYTES => Err(format!(
-            "ERR Protocol error: a command may be at most {MAX_COMMAND_BYTES} bytes"
-        )),
-        Ok(None) => Ok(None),
-        Err(err) => Err(format!("ERR Protocol error: {err}")),
-    }
-}
-
-/// Inline commands (`PING\r\n`), as typed into a raw TCP session.
-fn inline_command(input: &mut BytesMut) -> Result<Option<Vec<Bytes>>, String> {
-    let Some(end) = input.iter().position(|&b| b == b'\n') else {
-        if input.len() > 64 * 1024 {
-            return Err("ERR Protocol error: too big inline request".into());
-        }
-        return Ok(None);
-    };
-    let line = input.split_to(end + 1);
-    let text = String::from_utf8_lossy(&line);
-    let args: Vec<Bytes> = text
-        .split_whitespace()
-        .map(|w| Bytes::copy_from_slice(w.as_bytes()))
-        .collect();
-    if args.is_empty() {
-        return next_command(input);
-    }
-    Ok(Some(args))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn commands_split_across_reads_and_coalesced_in_one() {
-        let wire = b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n*1\r\n$4\r\nPING\r\n";
-        let mut input = BytesMut::new();
-        let mut commands = Vec::new();
-        for byte in wire.iter() {
-            input.extend_from_slice(&[*byte]);
-            while let Some(args) = next_command(&mut input).unwrap() {
-                commands.push(args);
-            }
-        }
-        assert_eq!(commands.len(), 2);
-        assert_eq!(commands[0], vec![Bytes::from("ECHO"), Bytes::from("hi")]);
-        let mut both = BytesMut::from(&wire[..]);
-        assert_eq!(next_command(&mut both).unwrap().unwrap().len(), 2);
-        assert_eq!(next_command(&mut both).unwrap().unwrap().len(), 1);
-        assert_eq!(next_command(&mut both).unwrap(), None);
-    }
-
-    #[test]
-    fn malformed_and_inline_input() {
-        let mut garbage = BytesMut::from(&b"*1\r\n:x\r\n"[..]);
-        assert!(next_command(&mut garbage).is_err());
-        let mut inline = BytesMut::from(&b"PING hello\r\n"[..]);
-        assert_eq!(
-            next_command(&mut inline).unwrap().unwrap(),
-            vec![Bytes::from("PING"), Bytes::from("hello")]
-        );
-        let mut oversized = BytesMut::from(&b"*1\r\n$3000000\r\n"[..]);
-        oversized.extend_from_slice(&vec![b'a'; MAX_COMMAND_BYTES]);
-        assert!(next_command(&mut oversized).is_err());
-    }
 }

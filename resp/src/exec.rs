@@ -30,7 +30,7 @@ pub struct Session {
     caller: Option<Caller>,
     pub resp3: bool,
     name: Option<Bytes>,
-    id: u64,
+    client: crate::Client,
 }
 
 /// Pipelined XADDs to one stream, gathered into one append.
@@ -90,7 +90,9 @@ fn trim_record(point: u64) -> AppendRecord {
 /// The reply to an engine error.
 fn error_reply(err: &Error) -> Reply {
     match err {
-        Error::ServerDraining | Error::Unavailable(_) => Reply::error(format!("TRYAGAIN {err}")),
+        Error::ServerDraining | Error::Unavailable(_) | Error::RateLimited { .. } => {
+            Reply::error(format!("TRYAGAIN {err}"))
+        }
         // The connection stays open: other keys may be in scope.
         Error::PermissionDenied(_) => Reply::error(format!("NOPERM {err}")),
         Error::Unauthenticated(_) => Reply::error(format!("NOAUTH {err}")),
@@ -116,7 +118,7 @@ impl Session {
         engine: Engine,
         settings: Arc<RespSettings>,
         sni_basin: Option<BasinName>,
-        id: u64,
+        client: crate::Client,
     ) -> Session {
         Session {
             engine,
@@ -126,7 +128,7 @@ impl Session {
             caller: None,
             resp3: false,
             name: None,
-            id,
+            client,
         }
     }
 
@@ -181,7 +183,7 @@ impl Session {
             .map_err(|_| Reply::error("WRONGPASS the password must be an access token"))?;
         let caller = self
             .engine
-            .authenticate(token)
+            .authenticate(token, Some(self.client.address.ip()))
             .await
             .map_err(|err| match err {
                 Error::Unauthenticated(why) => Reply::error(format!("WRONGPASS {why}")),
@@ -441,7 +443,7 @@ impl Session {
                 Reply::bulk("proto"),
                 Reply::Integer(if self.resp3 { 3 } else { 2 }),
             ),
-            (Reply::bulk("id"), Reply::Integer(self.id as i64)),
+            (Reply::bulk("id"), Reply::Integer(self.client.id as i64)),
             (Reply::bulk("mode"), Reply::bulk("standalone")),
             (Reply::bulk("role"), Reply::bulk("master")),
             (Reply::bulk("modules"), Reply::Array(vec![])),

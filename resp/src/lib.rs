@@ -9,10 +9,12 @@ mod connection;
 pub mod entry;
 mod exec;
 pub mod reply;
+pub mod request;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use streamgate_core::connections::ConnectionSlots;
 use streamgate_core::names::BasinName;
 use streamgate_core::Engine;
 use tokio::net::TcpListener;
@@ -26,6 +28,17 @@ pub struct RespSettings {
     pub default_basin: Option<BasinName>,
 }
 
+/// How long a TLS client may take to finish its handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Who is on the other end of a connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Client {
+    /// Unique per connection (what `CLIENT ID` reports).
+    pub id: u64,
+    pub address: std::net::SocketAddr,
+}
+
 /// Accepts connections until `shutdown` turns true, then asks every connection to
 /// finish and close.
 pub async fn serve(
@@ -33,6 +46,7 @@ pub async fn serve(
     engine: Engine,
     settings: RespSettings,
     tls: Option<TlsAcceptor>,
+    connections: ConnectionSlots,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let settings = Arc::new(settings);
@@ -49,6 +63,10 @@ pub async fn serve(
             },
             _ = stopped(&mut shutdown) => return,
         };
+        let Some(slot) = connections.take("RESP") else {
+            tokio::spawn(refuse(socket));
+            continue;
+        };
         let _ = socket.set_nodelay(true);
         let (engine, settings, tls, shutdown) = (
             engine.clone(),
@@ -56,17 +74,30 @@ pub async fn serve(
             tls.clone(),
             shutdown.clone(),
         );
-        let id = next_id.fetch_add(1, Ordering::Relaxed);
+        let client = Client {
+            id: next_id.fetch_add(1, Ordering::Relaxed),
+            address: peer,
+        };
         tokio::spawn(async move {
             let result = match tls {
-                None => connection::run(socket, engine, settings, None, id, shutdown).await,
-                Some(tls) => match tls.accept(socket).await {
+                None => connection::run(socket, engine, settings, None, client, shutdown).await,
+                Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(socket))
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+                {
                     Ok(stream) => {
                         let sni = stream.get_ref().1.server_name().map(str::to_owned);
                         match sni.as_deref().and_then(basin_from_sni) {
                             Some(basin) => {
-                                connection::run(stream, engine, settings, Some(basin), id, shutdown)
-                                    .await
+                                connection::run(
+                                    stream,
+                                    engine,
+                                    settings,
+                                    Some(basin),
+                                    client,
+                                    shutdown,
+                                )
+                                .await
                             }
                             None => {
                                 tracing::debug!(%peer, ?sni, "RESP TLS connection without a basin in SNI refused");
@@ -83,8 +114,16 @@ pub async fn serve(
             if let Err(err) = result {
                 tracing::debug!(%peer, error = %err, "RESP connection ended with an error");
             }
+            drop(slot);
         });
     }
+}
+
+/// Tells a connection over the limit why it is closed, as Redis does, and closes it.
+async fn refuse(mut socket: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let reply = b"-ERR max number of clients reached (--max-connections)\r\n";
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), socket.write_all(reply)).await;
 }
 
 /// Resolves once `shutdown` turns true (holding no borrow of it afterwards).

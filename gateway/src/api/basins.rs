@@ -1,6 +1,5 @@
 //! `/v1/basins`: create, ensure, get config, reconfigure, list, delete.
 
-use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -10,7 +9,7 @@ use streamgate_core::names::BasinName;
 use streamgate_core::Caller;
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{json_body, request_token, ApiQuery, Authenticated, BasinPath};
+use super::extract::{json_body, request_token, ApiQuery, Authenticated, BasinPath, UnaryBody};
 use super::json::BasinInfo;
 use super::{provisioned, ListQuery};
 
@@ -46,7 +45,7 @@ fn check_location(caller: &Caller, location: &Option<String>) -> ApiResult<()> {
 pub async fn create(
     Authenticated(caller): Authenticated,
     headers: HeaderMap,
-    body: Bytes,
+    UnaryBody(body): UnaryBody,
 ) -> ApiResult<Response> {
     let request: CreateBasinRequest = json_body(&headers, &body)?
         .ok_or_else(|| ApiError::bad_json("a request body is required"))?;
@@ -63,7 +62,7 @@ pub async fn ensure(
     Authenticated(caller): Authenticated,
     BasinPath(name): BasinPath,
     headers: HeaderMap,
-    body: Bytes,
+    UnaryBody(body): UnaryBody,
 ) -> ApiResult<Response> {
     let request: EnsureBasinRequest = json_body(&headers, &body)?.unwrap_or_default();
     check_location(&caller, &request.location)?;
@@ -84,7 +83,7 @@ pub async fn reconfigure(
     Authenticated(caller): Authenticated,
     BasinPath(name): BasinPath,
     headers: HeaderMap,
-    body: Bytes,
+    UnaryBody(body): UnaryBody,
 ) -> ApiResult<Json<BasinConfig>> {
     let change: BasinReconfiguration = json_body(&headers, &body)?.unwrap_or_default();
     Ok(Json(caller.reconfigure_basin(&name, &change).await?))

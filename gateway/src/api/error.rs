@@ -11,6 +11,8 @@ use streamgate_core::Error;
 pub struct ApiError {
     status: StatusCode,
     body: Value,
+    /// Seconds for a `Retry-After` header.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -18,6 +20,7 @@ impl ApiError {
         Self {
             status,
             body: json!({ "code": code, "message": message.to_string() }),
+            retry_after: None,
         }
     }
 
@@ -47,6 +50,10 @@ impl ApiError {
 
     pub fn bad_frame(message: impl std::fmt::Display) -> Self {
         Self::standard(StatusCode::BAD_REQUEST, "bad_frame", message)
+    }
+
+    pub fn internal(message: impl std::fmt::Display) -> Self {
+        Self::standard(StatusCode::INTERNAL_SERVER_ERROR, "other", message)
     }
 
     pub fn status(&self) -> StatusCode {
@@ -82,34 +89,64 @@ impl From<Error> for ApiError {
                 return Self {
                     status: StatusCode::PRECONDITION_FAILED,
                     body: json!({ "seq_num_mismatch": next }),
+                    retry_after: None,
                 }
             }
             Error::FencingTokenMismatch(token) => {
                 return Self {
                     status: StatusCode::PRECONDITION_FAILED,
                     body: json!({ "fencing_token_mismatch": token }),
+                    retry_after: None,
                 }
             }
             Error::RangeNotSatisfiable { tail } => {
                 return Self {
                     status: StatusCode::RANGE_NOT_SATISFIABLE,
                     body: json!({ "tail": { "seq_num": tail.seq_num, "timestamp": tail.timestamp } }),
+                    retry_after: None,
                 }
             }
             Error::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Error::Unavailable(_) | Error::ServerDraining => StatusCode::SERVICE_UNAVAILABLE,
             Error::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            Error::RateLimited { retry_after, .. } => {
+                return Self {
+                    retry_after: Some(retry_after.as_secs_f64().ceil().max(1.0) as u64),
+                    ..Self::standard(StatusCode::TOO_MANY_REQUESTS, err.code(), &err)
+                }
+            }
         };
         if status.is_server_error() && !matches!(err, Error::ServerDraining) {
             tracing::warn!(code = err.code(), error = %err, "request failed");
         }
-        Self::standard(status, err.code(), &err)
+        let retry_after = (status == StatusCode::SERVICE_UNAVAILABLE).then_some(1);
+        Self {
+            retry_after,
+            ..Self::standard(status, err.code(), &err)
+        }
+    }
+}
+
+impl From<streamgate_http::BodyError> for ApiError {
+    fn from(err: streamgate_http::BodyError) -> Self {
+        match err {
+            streamgate_http::BodyError::TimedOut => {
+                Self::standard(StatusCode::REQUEST_TIMEOUT, "request_timeout", err)
+            }
+            _ => Self::bad_json(err),
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
+        let mut response = (self.status, Json(self.body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 

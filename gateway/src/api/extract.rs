@@ -2,7 +2,8 @@
 //! 400 error (`bad_path`, `bad_query`, `bad_header`, `bad_json`) instead of axum's
 //! plain-text rejections.
 
-use axum::extract::{FromRequestParts, Path, Query};
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
@@ -19,13 +20,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Basin {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        let host = parts
-            .headers
-            .get(axum::http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| parts.uri.host());
-        let header = parts.headers.get("s2-basin").map(|v| v.as_bytes());
-        BasinName::of_request(header, host)
+        streamgate_http::basin(parts)
             .map(Basin)
             .map_err(ApiError::bad_header)
     }
@@ -153,18 +148,34 @@ fn reject_encryption(value: &serde_json::Value) -> Result<(), ApiError> {
 }
 
 /// The engine as the request's access token allows: `Authorization: Bearer <token>`,
-/// verified (401 `authn` when missing, unknown, revoked or expired).
+/// verified (401 `authn` when missing, unknown, revoked or expired; 429 `rate_limited`
+/// when this client address failed too often lately).
 pub struct Authenticated(pub Caller);
 
 impl FromRequestParts<Engine> for Authenticated {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, engine: &Engine) -> Result<Self, ApiError> {
-        let header = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        let token = streamgate_core::access::bearer_token(header)?;
-        Ok(Authenticated(engine.authenticate(token).await?))
+        Ok(Authenticated(
+            streamgate_http::authenticate(engine, parts).await?,
+        ))
+    }
+}
+
+/// Largest body of a control-plane call (basins, streams, tokens): their JSON is small.
+const MAX_CONTROL_BODY: usize = 1024 * 1024;
+
+/// The whole body of a control-plane call, read within the size limit and deadline of
+/// `streamgate_http::read_body`.
+pub struct UnaryBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for UnaryBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, _: &S) -> Result<Self, ApiError> {
+        streamgate_http::read_body(request.into_body(), MAX_CONTROL_BODY)
+            .await
+            .map(UnaryBody)
+            .map_err(ApiError::from)
     }
 }

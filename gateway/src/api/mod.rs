@@ -17,6 +17,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use streamgate_core::storage::metadata::ListRange;
 use streamgate_core::Engine;
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
 use tower_http::compression::CompressionLayer;
 use tower_http::decompression::RequestDecompressionLayer;
@@ -63,12 +64,42 @@ pub fn router(engine: Engine, drain: sessions::Drain) -> Router {
         .with_state(engine.clone());
     Router::new()
         .route("/health", get(|| async { "ok" }))
+        .route(
+            "/ready",
+            get({
+                let engine = engine.clone();
+                move || ready(engine.clone())
+            }),
+        )
         .nest("/v1", v1)
         .nest("/otlp", streamgate_otlp::router(engine))
         .fallback(unknown_endpoint)
         .layer(axum::Extension(drain))
         .layer(CompressionLayer::new().compress_when(compress_when))
         .layer(RequestDecompressionLayer::new())
+        // A panic in a handler answers its own request with a 500; the panic hook logs it.
+        .layer(CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                ApiError::internal(
+                    "the server failed while handling this request (it is logged); retry",
+                )
+                .into_response()
+            },
+        ))
+}
+
+/// Readiness: `200` while the server takes traffic; `503` with the reason while it
+/// cannot (the write-ahead log cannot be written, or it is shutting down). `/health`
+/// stays a liveness check: the process answers.
+async fn ready(engine: Engine) -> Response {
+    match engine.unready_reason() {
+        None => Json(serde_json::json!({ "ready": true })).into_response(),
+        Some(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "ready": false, "reason": reason })),
+        )
+            .into_response(),
+    }
 }
 
 async fn unknown_endpoint() -> ApiError {
@@ -101,7 +132,7 @@ async fn default_location(extract::Authenticated(caller): extract::Authenticated
 async fn set_default_location(
     extract::Authenticated(caller): extract::Authenticated,
     headers: axum::http::HeaderMap,
-    body: axum::body::Bytes,
+    extract::UnaryBody(body): extract::UnaryBody,
 ) -> ApiResult<Response> {
     let requested: String = extract::json_body(&headers, &body)?
         .ok_or_else(|| ApiError::bad_json("expected the location name as a JSON string"))?;

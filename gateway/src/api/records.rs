@@ -80,9 +80,7 @@ pub async fn append(
         };
         return Ok(session.respond(body));
     }
-    let body = axum::body::to_bytes(body, MAX_UNARY_BODY)
-        .await
-        .map_err(|e| ApiError::bad_json(format!("cannot read the request body: {e}")))?;
+    let body = streamgate_http::read_body(body, MAX_UNARY_BODY).await?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -1,6 +1,5 @@
 //! `/v1/streams`: create, ensure, get config, reconfigure, list, delete.
 
-use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -9,7 +8,9 @@ use streamgate_core::config::{StreamConfig, StreamReconfiguration};
 use streamgate_core::names::StreamName;
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{json_body, request_token, ApiQuery, Authenticated, Basin, StreamPath};
+use super::extract::{
+    json_body, request_token, ApiQuery, Authenticated, Basin, StreamPath, UnaryBody,
+};
 use super::json::StreamInfo;
 use super::{provisioned, ListQuery};
 
@@ -24,7 +25,7 @@ pub async fn create(
     Authenticated(caller): Authenticated,
     Basin(basin): Basin,
     headers: HeaderMap,
-    body: Bytes,
+    UnaryBody(body): UnaryBody,
 ) -> ApiResult<Response> {
     let request: CreateStreamRequest = json_body(&headers, &body)?
         .ok_or_else(|| ApiError::bad_json("a request body is required"))?;
@@ -46,7 +47,7 @@ pub async fn ensure(
     Basin(basin): Basin,
     StreamPath(name): StreamPath,
     headers: HeaderMap,
-    body: Bytes,
+    UnaryBody(body): UnaryBody,
 ) -> ApiResult<Response> {
     let config: StreamConfig = json_body(&headers, &body)?.unwrap_or_default();
     let (stream, result) = caller.ensure_stream(&basin, name, config).await?;
@@ -66,7 +67,7 @@ pub async fn reconfigure(
     Basin(basin): Basin,
     StreamPath(name): StreamPath,
     headers: HeaderMap,
-    body: Bytes,
+    UnaryBody(body): UnaryBody,
 ) -> ApiResult<Json<StreamConfig>> {
     let change: StreamReconfiguration = json_body(&headers, &body)?.unwrap_or_default();
     Ok(Json(

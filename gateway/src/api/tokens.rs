@@ -1,6 +1,5 @@
 //! `/v1/access-tokens`: issue, list and revoke access tokens.
 
-use axum::body::Bytes;
 use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -8,13 +7,13 @@ use axum::Json;
 use streamgate_core::access::{AccessTokenInfo, MAX_TOKEN_ID_BYTES};
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{json_body, ApiQuery, Authenticated};
+use super::extract::{json_body, ApiQuery, Authenticated, UnaryBody};
 use super::ListQuery;
 
 pub async fn issue(
     Authenticated(caller): Authenticated,
     headers: HeaderMap,
-    body: Bytes,
+    UnaryBody(body): UnaryBody,
 ) -> ApiResult<Response> {
     let info: AccessTokenInfo = json_body(&headers, &body)?
         .ok_or_else(|| ApiError::bad_json("a request body is required"))?;

@@ -151,6 +151,11 @@ pub struct ResumeFrom {
 
 impl ResumeFrom {
     pub fn parse(value: &str) -> Option<ResumeFrom> {
+        // Three numbers of at most 20 digits and their separators; anything longer is
+        // not an id this server sent.
+        if value.len() > 3 * 20 + 8 {
+            return None;
+        }
         let parts: Vec<u64> = value
             .trim()
             .split([',', ':'])

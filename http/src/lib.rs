@@ -1,0 +1,136 @@
+//! streamgate-http: what the HTTP front ends (the S2 REST API in the gateway, and OTLP)
+//! share, so each rule about an HTTP request lives once: which basin a request names,
+//! who sent it (the bearer token and the client's address), and reading its body within
+//! a size limit and a deadline.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap};
+use bytes::Bytes;
+use streamgate_core::names::BasinName;
+use streamgate_core::{Caller, Engine};
+
+/// The address of the client a request came from: the HTTP server puts it in every
+/// request's extensions.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddress(pub SocketAddr);
+
+/// The client's IP address, if the server recorded it.
+pub fn client_ip(parts: &Parts) -> Option<IpAddr> {
+    parts
+        .extensions
+        .get::<ClientAddress>()
+        .map(|ClientAddress(address)| address.ip())
+}
+
+/// The basin a basin-scoped request names: the `s2-basin` header, or a `{basin}.b.…`
+/// host name. The error says what to send instead.
+pub fn basin(parts: &Parts) -> Result<BasinName, String> {
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| parts.uri.host());
+    BasinName::of_request(parts.headers.get("s2-basin").map(|v| v.as_bytes()), host)
+}
+
+/// The engine as the request's `Authorization: Bearer <token>` allows (`authn` when it
+/// is missing, unknown, revoked or expired; `rate_limited` when this client failed too
+/// often lately).
+pub async fn authenticate(engine: &Engine, parts: &Parts) -> streamgate_core::Result<Caller> {
+    let token = bearer(&parts.headers)?;
+    engine.authenticate(token, client_ip(parts)).await
+}
+
+fn bearer(headers: &HeaderMap) -> streamgate_core::Result<&str> {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    streamgate_core::access::bearer_token(authorization)
+}
+
+/// How long a client may take to send a whole unary request body. A client that sends
+/// slower (or stops halfway) is answered with `408` instead of holding its connection
+/// and buffer for ever.
+pub const BODY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Why a request body could not be read.
+#[derive(Debug)]
+pub enum BodyError {
+    /// Over the limit (after decompression): how many bytes are allowed.
+    TooLarge(usize),
+    /// Not all there within `BODY_DEADLINE`.
+    TimedOut,
+    /// The client's side broke, or its compressed body is malformed.
+    Unreadable(String),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::TooLarge(limit) => write!(
+                f,
+                "the request body is larger than {limit} bytes (after decompression)"
+            ),
+            BodyError::TimedOut => write!(
+                f,
+                "the request body did not arrive in full within {} s",
+                BODY_DEADLINE.as_secs()
+            ),
+            BodyError::Unreadable(why) => write!(f, "cannot read the request body: {why}"),
+        }
+    }
+}
+
+/// Reads a whole request body of at most `limit` bytes within `BODY_DEADLINE`. Memory
+/// never exceeds the limit, whatever the client announces or compresses.
+pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, BodyError> {
+    read_body_within(body, limit, BODY_DEADLINE).await
+}
+
+async fn read_body_within(
+    body: Body,
+    limit: usize,
+    deadline: Duration,
+) -> Result<Bytes, BodyError> {
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+        Err(_) => Err(BodyError::TimedOut),
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(err)) => {
+            let too_large =
+                std::iter::successors(Some(&err as &(dyn std::error::Error + 'static)), |e| {
+                    e.source()
+                })
+                .any(|e| e.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                Err(BodyError::TooLarge(limit))
+            } else {
+                Err(BodyError::Unreadable(err.to_string()))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bodies_are_bounded_in_size_and_time() {
+        let body = Body::from(vec![7u8; 100]);
+        assert_eq!(read_body(body, 100).await.unwrap().len(), 100);
+        let body = Body::from(vec![7u8; 101]);
+        assert!(matches!(
+            read_body(body, 100).await,
+            Err(BodyError::TooLarge(100))
+        ));
+        // A body whose sender never finishes.
+        let stalled =
+            Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>());
+        let outcome = read_body_within(stalled, 100, Duration::from_millis(50)).await;
+        assert!(matches!(outcome, Err(BodyError::TimedOut)), "{outcome:?}");
+    }
+}
