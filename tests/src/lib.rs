@@ -2,6 +2,9 @@
 //! directory, stop it gently (SIGTERM) or brutally (SIGKILL), and restart it on the same
 //! data. Used by the black-box tests here and by the compatibility suites.
 
+pub mod history;
+pub mod proxy;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

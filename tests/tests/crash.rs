@@ -6,7 +6,6 @@
 //! - a batch whose ack never came is either wholly present or wholly absent;
 //! - nothing appears that no client sent.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,23 +13,12 @@ use futures::StreamExt;
 use rand::Rng;
 use reqwest::Client;
 use serde_json::{json, Value};
+use streamgate_tests::history::{read_all, verify, History};
 use streamgate_tests::{wire, Server};
 
 const BASIN: &str = "crash-test";
 const STREAMS: usize = 3;
 const CLIENTS: usize = 8;
-
-#[derive(Default)]
-struct History {
-    /// Batch id → number of records sent.
-    sent: HashMap<String, usize>,
-    /// Batch id → (stream, first seq_num, end seq_num).
-    acked: HashMap<String, (usize, u64, u64)>,
-    /// Batches acknowledged without a position (OTLP answers success only) → stream.
-    acked_unplaced: HashMap<String, usize>,
-    /// Batches the server refused (e.g. `server_draining`): they must be absent.
-    refused: Vec<String>,
-}
 
 async fn append_until_failure(
     client: Client,
@@ -269,91 +257,6 @@ async fn otlp_until_failure(
     }
 }
 
-/// A stream's records as (seq_num, timestamp, body); a Redis entry's body is its
-/// field `b`, an OTLP record's the body of its one log record.
-async fn read_all(endpoint: &str, stream: usize) -> Vec<(u64, u64, String)> {
-    streamgate_tests::read_stream(endpoint, BASIN, &format!("s{stream}"))
-        .await
-        .iter()
-        .map(|r| {
-            (
-                r["seq_num"].as_u64().unwrap(),
-                r["timestamp"].as_u64().unwrap(),
-                match r.get("body") {
-                    Some(body) if r["headers"][0][0] == "s2-otlp.signal" => {
-                        let export: Value = serde_json::from_str(body.as_str().unwrap()).unwrap();
-                        let log = &export["resourceLogs"][0]["scopeLogs"][0]["logRecords"][0];
-                        log["body"]["stringValue"].as_str().unwrap().to_owned()
-                    }
-                    Some(body) => body.as_str().unwrap().to_owned(),
-                    None => {
-                        let headers = r["headers"].as_array().unwrap();
-                        assert_eq!(headers[0], json!(["s2-resp.v", "1"]));
-                        assert_eq!(headers[1][0], "b");
-                        headers[1][1].as_str().unwrap().to_owned()
-                    }
-                },
-            )
-        })
-        .collect()
-}
-
-fn verify(history: &History, streams: &[Vec<(u64, u64, String)>]) -> usize {
-    let mut seen: HashMap<&str, (usize, u64)> = HashMap::new();
-    for (stream, records) in streams.iter().enumerate() {
-        let mut last_ts = 0;
-        let mut i = 0;
-        while i < records.len() {
-            let (seq, ts, body) = &records[i];
-            assert_eq!(*seq, i as u64, "sequence numbers are dense");
-            assert!(*ts >= last_ts, "timestamps never go backwards");
-            last_ts = *ts;
-            let (batch, index) = body.split_once('/').expect("only test records exist");
-            assert_eq!(index, "0", "batch {batch} starts at its first record");
-            let size = *history
-                .sent
-                .get(batch)
-                .unwrap_or_else(|| panic!("{batch} was never sent"));
-            for k in 0..size {
-                let (_, _, body) = records
-                    .get(i + k)
-                    .unwrap_or_else(|| panic!("batch {batch} is cut short"));
-                assert_eq!(
-                    *body,
-                    format!("{batch}/{k}"),
-                    "batch {batch} is whole and in order"
-                );
-            }
-            assert!(
-                seen.insert(batch, (stream, i as u64)).is_none(),
-                "batch {batch} appears twice"
-            );
-            i += size;
-        }
-    }
-    for (batch, (stream, start, _)) in &history.acked {
-        assert_eq!(
-            seen.get(batch.as_str()),
-            Some(&(*stream, *start)),
-            "acknowledged batch {batch} is present at its acknowledged position"
-        );
-    }
-    for (batch, stream) in &history.acked_unplaced {
-        assert_eq!(
-            seen.get(batch.as_str()).map(|(s, _)| s),
-            Some(stream),
-            "acknowledged OTLP export {batch} is present in its stream"
-        );
-    }
-    for batch in &history.refused {
-        assert!(
-            !seen.contains_key(batch.as_str()),
-            "refused batch {batch} is absent"
-        );
-    }
-    seen.len()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_under_load_loses_no_acknowledged_record() {
     let iterations: usize = std::env::var("STREAMGATE_CRASH_ITERATIONS")
@@ -421,7 +324,7 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
         server.restart();
         let mut streams = Vec::new();
         for s in 0..STREAMS {
-            streams.push(read_all(&endpoint, s).await);
+            streams.push(read_all(&endpoint, BASIN, s).await);
         }
         let history = history.lock().unwrap();
         let present = verify(&history, &streams);
@@ -484,7 +387,7 @@ async fn sigterm_drains_and_acknowledged_records_survive() {
         c.await.unwrap();
     }
     server.restart();
-    let mut streams = vec![read_all(&endpoint, 0).await];
+    let mut streams = vec![read_all(&endpoint, BASIN, 0).await];
     streams.extend([Vec::new(), Vec::new()]);
     let history = history.lock().unwrap();
     verify(&history, &streams);
@@ -626,7 +529,7 @@ async fn append_until_the_server_dies(
 async fn verify_all(endpoint: &str, history: &Arc<Mutex<History>>) -> usize {
     let mut streams = Vec::new();
     for s in 0..STREAMS {
-        streams.push(read_all(endpoint, s).await);
+        streams.push(read_all(endpoint, BASIN, s).await);
     }
     verify(&history.lock().unwrap(), &streams)
 }

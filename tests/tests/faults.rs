@@ -1,6 +1,7 @@
 //! Faults in the services streamgate depends on. (Process crashes: `crash.rs`.)
 
 use serde_json::json;
+use streamgate_tests::proxy::{Mode, Proxy};
 use streamgate_tests::Server;
 
 /// Every connection to the metadata database is killed from the PostgreSQL side, as a
@@ -63,86 +64,6 @@ async fn postgres_connections_killed_while_serving_are_reestablished() {
     assert_eq!(appended.status(), 200);
 }
 
-/// How the proxy treats new connections.
-const HEALTHY: u8 = 0;
-const FAULTY: u8 = 1;
-
-/// A TCP proxy in front of the S3 server. While faulty, each new connection in turn
-/// gets a `503`, is reset at once, or stalls for 3 s before being forwarded; turning
-/// faulty also cuts every open connection, so pooled ones meet the faults too.
-struct FaultProxy {
-    port: u16,
-    /// Connections that met a fault.
-    injected: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    mode: std::sync::Arc<std::sync::atomic::AtomicU8>,
-    open: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
-}
-
-impl FaultProxy {
-    async fn start(upstream: String) -> FaultProxy {
-        use std::sync::atomic::Ordering;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let mode = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(HEALTHY));
-        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let injected = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (accept_mode, accept_open, accept_injected) =
-            (mode.clone(), open.clone(), injected.clone());
-        tokio::spawn(async move {
-            let mut turn = 0u64;
-            loop {
-                let Ok((mut client, _)) = listener.accept().await else {
-                    return;
-                };
-                let faulty = accept_mode.load(Ordering::SeqCst) == FAULTY;
-                if faulty {
-                    accept_injected.fetch_add(1, Ordering::SeqCst);
-                }
-                turn += 1;
-                let upstream = upstream.clone();
-                let task = tokio::spawn(async move {
-                    if faulty {
-                        match turn % 3 {
-                            0 => {
-                                let mut head = [0u8; 4096];
-                                let _ = client.read(&mut head).await;
-                                let _ = client
-                                    .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-                                    .await;
-                                return;
-                            }
-                            1 => return, // dropped: the client sees the connection reset
-                            _ => tokio::time::sleep(std::time::Duration::from_secs(3)).await,
-                        }
-                    }
-                    let Ok(mut server) = tokio::net::TcpStream::connect(upstream.as_str()).await
-                    else {
-                        return;
-                    };
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                });
-                accept_open.lock().unwrap().push(task.abort_handle());
-            }
-        });
-        FaultProxy {
-            port,
-            injected,
-            mode,
-            open,
-        }
-    }
-
-    fn set(&self, mode: u8) {
-        self.mode.store(mode, std::sync::atomic::Ordering::SeqCst);
-        if mode == FAULTY {
-            for connection in self.open.lock().unwrap().drain(..) {
-                connection.abort();
-            }
-        }
-    }
-}
-
 /// Appends run while the object store answers with 5xx, resets and multi-second
 /// stalls: appends are delayed (or fail), never acknowledged without their data, and
 /// once the store is healthy again everything acknowledged is there exactly once, in
@@ -150,7 +71,7 @@ impl FaultProxy {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn object_store_faults_delay_appends_but_lose_nothing_acknowledged() {
     let s3 = streamgate_tests::backends::s3_endpoint();
-    let proxy = FaultProxy::start(s3.trim_start_matches("http://").to_owned()).await;
+    let proxy = Proxy::start(s3.trim_start_matches("http://")).await;
     let dir = tempfile::tempdir().unwrap();
     let bucket = format!("streamgate-test-fault-{}", std::process::id());
     let server = Server::start_with(
@@ -209,14 +130,14 @@ async fn object_store_faults_delay_appends_but_lose_nothing_acknowledged() {
     }
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let before_faults = acked.lock().unwrap().len();
-    proxy.set(FAULTY);
+    proxy.set(Mode::Faulty);
     tokio::time::sleep(std::time::Duration::from_secs(4)).await;
-    proxy.set(HEALTHY);
+    proxy.set(Mode::Forward);
     for writer in writers {
         writer.await.unwrap();
     }
     let acked = acked.lock().unwrap().clone();
-    let injected = proxy.injected.load(std::sync::atomic::Ordering::SeqCst);
+    let injected = proxy.faulted_connections();
     let slowest = *slowest.lock().unwrap();
     eprintln!(
         "{} appends acknowledged ({before_faults} before the faults), {} failed; {injected} connections met a fault; slowest append {slowest:?}",

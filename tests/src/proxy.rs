@@ -1,0 +1,169 @@
+//! A TCP proxy between streamgate and a service it depends on (the S3 server, or
+//! PostgreSQL), that can play that service's outages:
+//!
+//! - `Forward`: a healthy network;
+//! - `Refuse`: the service is down: connections are refused (nothing listens on the
+//!   port), and open ones are reset;
+//! - `BlackHole`: a network partition: connections are accepted but nothing is ever
+//!   answered, and open ones go silent; when the network heals, they are reset (as a
+//!   NAT or load balancer that lost its state does), and new ones work;
+//! - `Faulty`: a sick service over HTTP: each new connection in turn gets a `503`, is
+//!   reset at once, or stalls for 3 s before being forwarded.
+//!
+//! Turning any mode on cuts or silences the connections opened before, so pooled
+//! connections meet the outage too.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::watch;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Forward,
+    Refuse,
+    BlackHole,
+    Faulty,
+}
+
+pub struct Proxy {
+    pub port: u16,
+    mode: watch::Sender<Mode>,
+    /// Connections accepted while the mode was not `Forward`.
+    faulted: Arc<AtomicUsize>,
+}
+
+impl Proxy {
+    /// A proxy on a free local port to `upstream` (`host:port`), forwarding.
+    pub async fn start(upstream: &str) -> Proxy {
+        let listener = bind(0).await;
+        let port = listener.local_addr().unwrap().port();
+        let (mode, modes) = watch::channel(Mode::Forward);
+        let faulted = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(run(
+            listener,
+            port,
+            upstream.to_owned(),
+            modes,
+            faulted.clone(),
+        ));
+        Proxy {
+            port,
+            mode,
+            faulted,
+        }
+    }
+
+    pub fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+
+    /// How many connections met a fault (were accepted while not forwarding).
+    pub fn faulted_connections(&self) -> usize {
+        self.faulted.load(Ordering::SeqCst)
+    }
+}
+
+async fn bind(port: u16) -> TcpListener {
+    // Re-binding the port after a refusal must not wait for old connections' TIME_WAIT.
+    for _ in 0..100 {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        if socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+            .is_ok()
+        {
+            return socket.listen(1024).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the proxy cannot listen on port {port} again");
+}
+
+async fn run(
+    mut listener: TcpListener,
+    port: u16,
+    upstream: String,
+    mut modes: watch::Receiver<Mode>,
+    faulted: Arc<AtomicUsize>,
+) {
+    let mut turn = 0u64;
+    loop {
+        if *modes.borrow_and_update() == Mode::Refuse {
+            drop(listener);
+            if modes.wait_for(|mode| *mode != Mode::Refuse).await.is_err() {
+                return;
+            }
+            listener = bind(port).await;
+            continue;
+        }
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((client, _)) = accepted else { continue };
+                let mode = *modes.borrow();
+                if mode != Mode::Forward {
+                    faulted.fetch_add(1, Ordering::SeqCst);
+                }
+                turn += 1;
+                tokio::spawn(connection(client, upstream.clone(), mode, turn, modes.clone()));
+            }
+            changed = modes.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// Serves one connection in the mode it was accepted in, until the mode changes.
+async fn connection(
+    mut client: TcpStream,
+    upstream: String,
+    accepted_in: Mode,
+    turn: u64,
+    mut modes: watch::Receiver<Mode>,
+) {
+    match accepted_in {
+        Mode::Refuse => return reset(client),
+        Mode::BlackHole => {
+            let _ = modes.wait_for(|mode| *mode != Mode::BlackHole).await;
+            return reset(client);
+        }
+        Mode::Faulty => match turn % 3 {
+            0 => {
+                let mut head = [0u8; 4096];
+                let _ = client.read(&mut head).await;
+                let _ = client
+                    .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+                return;
+            }
+            1 => return reset(client),
+            _ => tokio::time::sleep(Duration::from_secs(3)).await,
+        },
+        Mode::Forward => {}
+    }
+    let Ok(mut server) = TcpStream::connect(upstream.as_str()).await else {
+        return reset(client);
+    };
+    // A connection is cut when an outage starts (a stalled one of a faulty spell stays).
+    let outage = move |mode: &Mode| *mode != Mode::Forward && *mode != accepted_in;
+    let cut_by = tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => None,
+        mode = modes.wait_for(outage) => mode.ok().map(|mode| *mode),
+    };
+    if cut_by == Some(Mode::BlackHole) {
+        // Silence: both sockets stay open, nothing moves.
+        let _ = modes.wait_for(|mode| *mode != Mode::BlackHole).await;
+    }
+    reset(server);
+    reset(client);
+}
+
+/// Closes with a reset rather than a clean close, as a crashed peer's host does.
+fn reset(stream: TcpStream) {
+    // A zero linger does not block on drop (the deprecation is about non-zero ones).
+    #[allow(deprecated)]
+    let _ = stream.set_linger(Some(Duration::ZERO));
+    drop(stream);
+}

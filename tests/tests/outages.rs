@@ -1,0 +1,585 @@
+//! Outages of the services streamgate depends on, played by a TCP proxy between them:
+//! first connections refused for 20 s (the service is down), then a black hole for 20 s
+//! (connections accepted, nothing answered: a network partition), then healthy again.
+//! Writers append throughout. streamgate must ride it out without a restart:
+//!
+//! - object store (S3) away: appends are refused retryably (`503 unavailable`, RESP
+//!   `TRYAGAIN`) or wait; nothing sent during the outage is acknowledged before the store
+//!   is back; readiness says why; appends resume by themselves afterwards;
+//! - metadata store (PostgreSQL) away: appends to existing streams go on (metadata is not
+//!   on the append path, and tokens verified earlier stay honoured); control-plane calls
+//!   fail retryably within a bounded time instead of hanging; everything resumes after.
+//!
+//! Afterwards the server is killed with `kill -9` and restarted, and every acknowledged
+//! record must be present exactly once at its position, and every refused one absent.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use streamgate_tests::history::{read_all, verify, History};
+use streamgate_tests::proxy::{Mode, Proxy};
+use streamgate_tests::Server;
+use tokio::sync::watch;
+
+const BASIN: &str = "outage-test";
+const STREAMS: usize = 3;
+const OUTAGE_PHASE: Duration = Duration::from_secs(20);
+/// How long, at most, the server may take to serve again after the store is back before
+/// the test gives up (a liveness bound; the time itself is measured by `outage_bench`).
+const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
+
+/// One append attempt as a writer saw it.
+#[derive(Debug, Clone)]
+struct Attempt {
+    sent_at: Instant,
+    answered_at: Instant,
+    outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Outcome {
+    Acked,
+    /// Refused with a retryable error: `503 unavailable`, or RESP `TRYAGAIN`.
+    Refused,
+    /// No answer (the client gave up): the append's fate is unknown.
+    Unknown,
+}
+
+#[derive(Default)]
+struct Log {
+    history: History,
+    attempts: Vec<Attempt>,
+}
+
+type SharedLog = Arc<Mutex<Log>>;
+
+impl Log {
+    fn record(
+        &mut self,
+        batch: String,
+        stream: usize,
+        sent_at: Instant,
+        result: Outcome,
+        seq: Option<u64>,
+    ) {
+        match result {
+            Outcome::Acked => {
+                let seq = seq.expect("an ack has a position");
+                self.history.acked.insert(batch, (stream, seq, seq + 1));
+            }
+            Outcome::Refused => self.history.refused.push(batch),
+            Outcome::Unknown => {}
+        }
+        self.attempts.push(Attempt {
+            sent_at,
+            answered_at: Instant::now(),
+            outcome: result,
+        });
+    }
+}
+
+/// One unary REST append of one record (`{batch}/0`) to stream `s{stream}`, logged.
+async fn rest_append(
+    client: &reqwest::Client,
+    endpoint: &str,
+    stream: usize,
+    batch: String,
+    log: &SharedLog,
+) -> Outcome {
+    log.lock().unwrap().history.sent.insert(batch.clone(), 1);
+    let sent_at = Instant::now();
+    let response = client
+        .post(format!("{endpoint}/v1/streams/s{stream}/records"))
+        .header("s2-basin", BASIN)
+        .json(&json!({ "records": [{ "body": format!("{batch}/0") }] }))
+        .send()
+        .await;
+    let (outcome, seq) = match response {
+        Ok(r) if r.status() == 200 => {
+            let ack: Value = r.json().await.unwrap();
+            (Outcome::Acked, ack["start"]["seq_num"].as_u64())
+        }
+        Ok(r) if r.status() == 503 => {
+            assert!(
+                r.headers().contains_key("retry-after"),
+                "a 503 says when to retry"
+            );
+            let error: Value = r.json().await.unwrap();
+            assert_eq!(error["code"], "unavailable", "{error}");
+            (Outcome::Refused, None)
+        }
+        Ok(r) => panic!(
+            "append answered {}: {}",
+            r.status(),
+            r.text().await.unwrap_or_default()
+        ),
+        Err(_) => (Outcome::Unknown, None),
+    };
+    log.lock()
+        .unwrap()
+        .record(batch, stream, sent_at, outcome.clone(), seq);
+    outcome
+}
+
+/// Unary REST appends to stream `s{stream}`, one after another, until `stop`.
+async fn rest_writer(
+    endpoint: String,
+    stream: usize,
+    id: usize,
+    log: SharedLog,
+    stop: watch::Receiver<bool>,
+) {
+    // Longer than the whole outage: an append accepted before the store went away is
+    // answered once it is durable.
+    let client = streamgate_tests::client_builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let mut n = 0;
+    while !*stop.borrow() {
+        n += 1;
+        if rest_append(&client, &endpoint, stream, format!("w{id}n{n}"), &log).await
+            == Outcome::Refused
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await; // as a client backs off
+        }
+    }
+}
+
+/// One authenticated RESP connection that sends unpipelined `XADD`s of one entry
+/// (field `b`).
+struct RespClient {
+    reader: tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+}
+
+fn resp_command(args: &[&str]) -> String {
+    let mut out = format!("*{}\r\n", args.len());
+    for arg in args {
+        out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    out
+}
+
+impl RespClient {
+    async fn connect(port: u16) -> RespClient {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let (reader, writer) = socket.into_split();
+        let mut client = RespClient {
+            reader: tokio::io::BufReader::new(reader),
+            writer,
+        };
+        let auth = resp_command(&["AUTH", BASIN, streamgate_tests::ROOT_TOKEN]);
+        client.writer.write_all(auth.as_bytes()).await.unwrap();
+        let mut line = String::new();
+        client.reader.read_line(&mut line).await.unwrap();
+        assert_eq!(line, "+OK\r\n");
+        client
+    }
+
+    /// `XADD s{stream} * b {batch}/0`, logged.
+    async fn xadd(&mut self, stream: usize, batch: String, log: &SharedLog) -> Outcome {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+        log.lock().unwrap().history.sent.insert(batch.clone(), 1);
+        let sent_at = Instant::now();
+        let command = resp_command(&[
+            "XADD",
+            &format!("s{stream}"),
+            "*",
+            "b",
+            &format!("{batch}/0"),
+        ]);
+        self.writer.write_all(command.as_bytes()).await.unwrap();
+        let mut line = String::new();
+        self.reader.read_line(&mut line).await.unwrap();
+        let (outcome, seq) = if let Some(len) = line.trim_end().strip_prefix('$') {
+            let mut id = vec![0u8; len.parse::<usize>().unwrap() + 2];
+            self.reader.read_exact(&mut id).await.unwrap();
+            let id = String::from_utf8(id).unwrap();
+            let seq = id.trim_end().rsplit('-').next().unwrap().parse().unwrap();
+            (Outcome::Acked, Some(seq))
+        } else {
+            assert!(line.starts_with("-TRYAGAIN"), "XADD answered {line:?}");
+            (Outcome::Refused, None)
+        };
+        log.lock()
+            .unwrap()
+            .record(batch, stream, sent_at, outcome.clone(), seq);
+        outcome
+    }
+}
+
+/// Unpipelined `XADD`s to stream `s{stream}` over one RESP connection until `stop`.
+async fn resp_writer(
+    port: u16,
+    stream: usize,
+    id: usize,
+    log: SharedLog,
+    stop: watch::Receiver<bool>,
+) {
+    let mut client = RespClient::connect(port).await;
+    let mut n = 0;
+    while !*stop.borrow() {
+        n += 1;
+        if client.xadd(stream, format!("r{id}n{n}"), &log).await == Outcome::Refused {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Writers on every stream: REST on each, and RESP on the last.
+fn start_writers(
+    server: &Server,
+    log: &SharedLog,
+    stop: &watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut writers: Vec<_> = (0..STREAMS)
+        .map(|s| {
+            tokio::spawn(rest_writer(
+                server.endpoint.clone(),
+                s,
+                s,
+                log.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    writers.push(tokio::spawn(resp_writer(
+        server.resp_port,
+        STREAMS - 1,
+        0,
+        log.clone(),
+        stop.clone(),
+    )));
+    writers
+}
+
+/// What `/ready` answered over a period: (ready, reason).
+fn watch_readiness(
+    endpoint: String,
+    stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Vec<(Instant, bool, String)>> {
+    tokio::spawn(async move {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let mut seen = Vec::new();
+        while !*stop.borrow() {
+            if let Ok(response) = client.get(format!("{endpoint}/ready")).send().await {
+                let ready = response.status() == 200;
+                let body: Value = response.json().await.unwrap_or_default();
+                seen.push((
+                    Instant::now(),
+                    ready,
+                    body["reason"].as_str().unwrap_or("").to_owned(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        seen
+    })
+}
+
+/// Plays the outage on `proxy`: 20 s refused, then 20 s black hole, running `during`
+/// 2 s into each phase. Returns when the outage started and when the service came back.
+async fn play_outage(proxy: &Proxy, mut during: impl AsyncFnMut(Mode)) -> (Instant, Instant) {
+    let started = Instant::now();
+    for (phase, begins) in [
+        (Mode::Refuse, Duration::ZERO),
+        (Mode::BlackHole, OUTAGE_PHASE),
+    ] {
+        tokio::time::sleep_until((started + begins).into()).await;
+        proxy.set(phase);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        during(phase).await;
+    }
+    tokio::time::sleep_until((started + 2 * OUTAGE_PHASE).into()).await;
+    let back = Instant::now();
+    proxy.set(Mode::Forward);
+    (started, back)
+}
+
+/// Waits until an append sent after `back` is acknowledged; how long after `back` its
+/// ack came.
+async fn first_ack_after(log: &SharedLog, back: Instant) -> Duration {
+    let deadline = back + RECOVERY_LIMIT;
+    loop {
+        let first = log
+            .lock()
+            .unwrap()
+            .attempts
+            .iter()
+            .filter(|a| a.sent_at >= back && a.outcome == Outcome::Acked)
+            .map(|a| a.answered_at)
+            .min();
+        if let Some(at) = first {
+            return at - back;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "appends did not resume within {RECOVERY_LIMIT:?} of the store's return"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// After `kill -9` and a restart, every acknowledged record is present once at its
+/// position, every refused one is absent; returns how many are present.
+async fn verify_after_kill9(server: &mut Server, log: &SharedLog) -> usize {
+    server.restart();
+    let mut streams = Vec::new();
+    for s in 0..STREAMS {
+        streams.push(read_all(&server.endpoint, BASIN, s).await);
+    }
+    verify(&log.lock().unwrap().history, &streams)
+}
+
+fn count(log: &SharedLog, what: impl Fn(&Attempt) -> bool) -> usize {
+    log.lock()
+        .unwrap()
+        .attempts
+        .iter()
+        .filter(|a| what(a))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_object_store_outage_is_weathered_without_a_restart() {
+    let s3 = streamgate_tests::backends::s3_endpoint();
+    let proxy = Proxy::start(s3.trim_start_matches("http://")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = format!("streamgate-test-outage-{}", std::process::id());
+    let mut server = Server::start_with(
+        dir.path(),
+        &[
+            "--objects",
+            &format!("s3://{bucket}/records"),
+            "--s3-endpoint",
+            &format!("http://127.0.0.1:{}", proxy.port),
+        ],
+    );
+    let names: Vec<String> = (0..STREAMS).map(|s| format!("s{s}")).collect();
+    streamgate_tests::create_streams(
+        &server.endpoint,
+        BASIN,
+        &names.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
+
+    let log = SharedLog::default();
+    let (stop, stopped) = watch::channel(false);
+    let writers = start_writers(&server, &log, &stopped);
+    let readiness = watch_readiness(server.endpoint.clone(), stopped.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Each writer has its one append waiting for the store; appends sent meanwhile are
+    // refused at once, retryably, on every front end.
+    let probe = streamgate_tests::client_builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut probe_outcomes = Vec::new();
+    let (outage, back) = play_outage(&proxy, async |phase| {
+        let rest = rest_append(
+            &probe,
+            &server.endpoint,
+            0,
+            format!("probe-{phase:?}"),
+            &log,
+        )
+        .await;
+        let mut resp = RespClient::connect(server.resp_port).await;
+        let xadd = resp.xadd(1, format!("probe-resp-{phase:?}"), &log).await;
+        probe_outcomes.push((phase, rest, xadd));
+    })
+    .await;
+    let recovery = first_ack_after(&log, back).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.send_replace(true);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let readiness = readiness.await.unwrap();
+
+    let acked_before = count(&log, |a| {
+        a.outcome == Outcome::Acked && a.answered_at < outage
+    });
+    let refused = count(&log, |a| a.outcome == Outcome::Refused);
+    let early = count(&log, |a| {
+        a.outcome == Outcome::Acked && a.sent_at > outage && a.answered_at < back
+    });
+    let acked_after = count(&log, |a| a.outcome == Outcome::Acked && a.sent_at >= back);
+    eprintln!(
+        "S3 outage: {acked_before} acked before, {refused} refused, {acked_after} acked after its end; \
+         first ack {recovery:?} after the store came back; {} connections met the outage",
+        proxy.faulted_connections()
+    );
+    assert!(
+        acked_before > 0,
+        "appends were acknowledged before the outage"
+    );
+    assert_eq!(
+        early, 0,
+        "nothing sent during the outage was acknowledged before the store came back"
+    );
+    for (phase, rest, xadd) in &probe_outcomes {
+        assert_eq!(
+            *rest,
+            Outcome::Refused,
+            "{phase:?}: a REST append is refused retryably"
+        );
+        assert_eq!(
+            *xadd,
+            Outcome::Refused,
+            "{phase:?}: an XADD is refused retryably"
+        );
+    }
+    assert!(
+        acked_after > 0,
+        "appends go on after the outage without a restart"
+    );
+    assert!(
+        readiness.iter().any(|(at, ready, reason)| *at > outage
+            && *at < back
+            && !ready
+            && reason.contains("record store")),
+        "readiness said why while the store was away: {readiness:?}"
+    );
+    let last = readiness.last().expect("readiness was sampled");
+    assert!(last.1, "ready again after the outage: {last:?}");
+
+    let present = verify_after_kill9(&mut server, &log).await;
+    eprintln!("after kill -9: {present} batches present");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_metadata_store_outage_leaves_appends_running() {
+    let postgres = streamgate_tests::backends::postgres_server();
+    let (credentials, upstream) = postgres
+        .trim_start_matches("postgres://")
+        .rsplit_once('@')
+        .expect("STREAMGATE_TEST_POSTGRES is postgres://USER[:PASSWORD]@HOST:PORT");
+    let proxy = Proxy::start(upstream).await;
+    let database = format!("streamgate_test_outage_{}", std::process::id());
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start_with(
+        dir.path(),
+        &[
+            "--metadata",
+            &format!(
+                "postgres://{credentials}@127.0.0.1:{}/{database}",
+                proxy.port
+            ),
+            "--objects",
+            dir.path().join("objects").to_str().unwrap(),
+        ],
+    );
+    let names: Vec<String> = (0..STREAMS).map(|s| format!("s{s}")).collect();
+    streamgate_tests::create_streams(
+        &server.endpoint,
+        BASIN,
+        &names.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
+
+    let log = SharedLog::default();
+    let (stop, stopped) = watch::channel(false);
+    let writers = start_writers(&server, &log, &stopped);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // In each phase of the outage, a control-plane call is answered (refused
+    // retryably) rather than left hanging.
+    let control = streamgate_tests::client_builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let create = |name: String| {
+        control
+            .post(format!("{}/v1/streams", server.endpoint))
+            .header("s2-basin", BASIN)
+            .json(&json!({ "stream": name }))
+            .send()
+    };
+    let mut control_answers = Vec::new();
+    let (started, back) = play_outage(&proxy, async |phase| {
+        let response = create(format!("during-{phase:?}").to_lowercase())
+            .await
+            .expect("a control-plane call is answered during the outage");
+        let status = response.status();
+        let body: Value = response.json().await.unwrap();
+        control_answers.push((phase, status, body));
+    })
+    .await;
+
+    // The control plane comes back by itself.
+    let deadline = back + RECOVERY_LIMIT;
+    let control_recovery = loop {
+        let response = create("after".into()).await;
+        if response.is_ok_and(|r| r.status() == 201 || r.status() == 409) {
+            break back.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the control plane did not come back within {RECOVERY_LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.send_replace(true);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+
+    let during = |a: &Attempt| a.sent_at > started && a.sent_at < back;
+    let acked_during = count(&log, |a| during(a) && a.outcome == Outcome::Acked);
+    let failed = count(&log, |a| a.outcome != Outcome::Acked);
+    eprintln!(
+        "PostgreSQL outage: {acked_during} appends acked during it, {failed} not; control plane back \
+         {control_recovery:?} after; answers during it: {control_answers:?}"
+    );
+    for (phase, status, body) in &control_answers {
+        assert_eq!(*status, 503, "{phase:?}: {body}");
+        assert_eq!(body["code"], "unavailable", "{phase:?}: {body}");
+    }
+    assert!(acked_during > 0, "appends went on during the outage");
+    assert_eq!(
+        failed, 0,
+        "no append failed because the metadata store was away"
+    );
+
+    // Compaction caught up once the store was back: the WAL empties into segments.
+    let wal = dir.path().join("objects").join("wal");
+    let deadline = Instant::now() + RECOVERY_LIMIT;
+    while count_files(&wal) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "compaction resumed after the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let present = verify_after_kill9(&mut server, &log).await;
+    eprintln!("after kill -9: {present} batches present");
+}
+
+/// Non-empty files under `dir` (empty ones are prepared WAL files, not objects).
+fn count_files(dir: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| {
+            let path = entry.path();
+            if path.is_dir() {
+                count_files(&path)
+            } else {
+                usize::from(entry.metadata().is_ok_and(|m| m.len() > 0))
+            }
+        })
+        .sum()
+}
