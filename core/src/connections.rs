@@ -5,6 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -20,6 +23,31 @@ pub struct ConnectionSlots {
 }
 
 const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// How long a new connection may take to finish its TLS handshake, or (in cleartext
+/// HTTP) to send the first bytes that tell HTTP/1.1 from HTTP/2.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Tells a connection over the limit why it is refused (`reply`, in its protocol) and
+/// closes it. What the client already sent is read first (briefly): closing with unread
+/// input would reset the connection, and the client might never see the reply.
+pub async fn refuse(mut socket: TcpStream, reply: &[u8]) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), socket.write_all(reply)).await;
+    let _ = socket.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let drained = async {
+        loop {
+            socket.readable().await?;
+            match socket.try_read(&mut sink) {
+                Ok(0) => return Ok::<_, std::io::Error>(()),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(200), drained).await;
+}
 
 impl ConnectionSlots {
     pub fn new(limit: usize) -> ConnectionSlots {

@@ -326,13 +326,32 @@ impl Engine {
         if self.inner.draining.load(Ordering::SeqCst) {
             return Some("the server is shutting down".into());
         }
-        self.inner.wal_health.borrow().refusal()
+        if self.wal_writer_stopped() {
+            return Some("the write-ahead log writer stopped; see the server log".into());
+        }
+        self.inner.wal_health.borrow().unready_reason()
+    }
+
+    /// Whether the WAL writer ended while the server was not shutting down (it
+    /// panicked): no append can be made durable any more.
+    fn wal_writer_stopped(&self) -> bool {
+        self.inner
+            .wal_task
+            .lock()
+            .as_ref()
+            .is_some_and(JoinHandle::is_finished)
+    }
+
+    /// Starts draining: new appends are refused with `server_draining` (accepted ones
+    /// go on), and readiness says the server is shutting down.
+    pub fn begin_drain(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
     }
 
     /// Stops taking appends, waits until everything already accepted is durable and
     /// acknowledged, and stops background work.
     pub async fn shutdown(&self) {
-        self.inner.draining.store(true, Ordering::SeqCst);
+        self.begin_drain();
         self.inner.wal.write().take();
         let task = self.inner.wal_task.lock().take();
         if let Some(task) = task {
@@ -747,8 +766,8 @@ impl Engine {
         .await
         .map_err(|_| {
             Error::Unavailable(format!(
-                "the server has {} MiB of appends waiting to become durable and none \
-                 finished within {} s; retry shortly",
+                "the server's {} MiB of memory for appends on their way to durability \
+                 stayed full for {} s; retry shortly",
                 self.inner.settings.max_inflight_bytes / (1024 * 1024),
                 MAX_BUDGET_WAIT.as_secs()
             ))
@@ -794,6 +813,13 @@ impl Engine {
     fn check_accepting(&self) -> Result<()> {
         if let Some(reason) = self.inner.wal_health.borrow().refusal() {
             return Err(Error::Unavailable(reason));
+        }
+        if self.wal_writer_stopped() {
+            return Err(Error::Unavailable(
+                "the write-ahead log writer stopped unexpectedly (see the server log); \
+                 restart streamgate, which recovers every acknowledged record"
+                    .into(),
+            ));
         }
         if self.inner.draining.load(Ordering::SeqCst) {
             return Err(Error::ServerDraining);

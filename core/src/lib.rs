@@ -13,6 +13,8 @@ pub mod connections;
 mod crash_point;
 pub mod engine;
 pub mod error;
+#[cfg(feature = "fuzz")]
+pub mod fuzz;
 mod lifecycle;
 pub mod names;
 pub mod read;

@@ -119,6 +119,31 @@ pub fn check_fencing_token(token: &str) -> Result<()> {
     Ok(())
 }
 
+/// Checks that a batch holds between 1 and `MAX_BATCH_RECORDS` records; decoders call it
+/// with what they counted on the wire, before they allocate for the records.
+pub fn check_record_count(records: usize) -> Result<()> {
+    if records == 0 || records > MAX_BATCH_RECORDS {
+        return Err(Error::invalid(format!(
+            "a batch must contain between 1 and {MAX_BATCH_RECORDS} records (got {records})"
+        )));
+    }
+    Ok(())
+}
+
+/// The most headers a batch can hold: each counts at least 2 metered bytes.
+pub const MAX_BATCH_HEADERS: usize = (MAX_BATCH_METERED_BYTES / 2) as usize;
+
+/// Checks a batch's header count against `MAX_BATCH_HEADERS`, before decoding them.
+pub fn check_header_count(headers: usize) -> Result<()> {
+    if headers > MAX_BATCH_HEADERS {
+        return Err(Error::invalid(format!(
+            "a batch may be at most {MAX_BATCH_METERED_BYTES} metered bytes, and each of \
+             its {headers} headers counts at least 2"
+        )));
+    }
+    Ok(())
+}
+
 /// An append request: a batch of records and its optional conditions.
 #[derive(Debug, Clone, Default)]
 pub struct AppendInput {
@@ -131,12 +156,7 @@ impl AppendInput {
     /// Checks every documented rule; returns the commands the batch carries (by index)
     /// and its metered size.
     pub fn validate(&self) -> Result<ValidBatch> {
-        if self.records.is_empty() || self.records.len() > MAX_BATCH_RECORDS {
-            return Err(Error::invalid(format!(
-                "a batch must contain between 1 and {MAX_BATCH_RECORDS} records (got {})",
-                self.records.len()
-            )));
-        }
+        check_record_count(self.records.len())?;
         let metered: u64 = self.records.iter().map(AppendRecord::metered_size).sum();
         if metered > MAX_BATCH_METERED_BYTES {
             return Err(Error::invalid(format!(

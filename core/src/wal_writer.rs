@@ -70,8 +70,9 @@ const MAX_RETRY_BACKOFF: Duration = Duration::from_secs(2);
 pub struct WalStatus {
     /// Chunks whose write failed and is being retried.
     pub failing_chunks: usize,
-    /// The latest failure of one of them, and since when the log has been failing.
-    pub failure: Option<(String, std::time::Instant)>,
+    /// Since when some chunk has been failing, and the latest failure.
+    pub failing_since: Option<std::time::Instant>,
+    pub last_error: Option<String>,
     /// Set if a chunk can never be written (a bug, not an outage): from then on every
     /// append fails, because the in-memory state is ahead of what is durable. A restart
     /// recovers from the log.
@@ -79,15 +80,30 @@ pub struct WalStatus {
 }
 
 impl WalStatus {
-    /// Why appends are refused now, if they are.
+    /// Why appends are refused now, if they are, with the store's error (for the client
+    /// that made the append).
     pub fn refusal(&self) -> Option<String> {
         if let Some(reason) = &self.broken {
             return Some(reason.clone());
         }
-        let (error, since) = self.failure.as_ref().filter(|_| self.failing_chunks > 0)?;
+        let since = self.failing_since.filter(|_| self.failing_chunks > 0)?;
         Some(format!(
-            "the record store has been failing for {:.1} s ({error}); appends are refused \
+            "the record store has been failing for {:.1} s ({}); appends are refused \
              until it answers again, which streamgate keeps trying; retry shortly",
+            since.elapsed().as_secs_f64(),
+            self.last_error.as_deref().unwrap_or("no answer")
+        ))
+    }
+
+    /// Why the log cannot be written, if it cannot, without the store's error (for the
+    /// readiness endpoint, which needs no token; the log has the details).
+    pub fn unready_reason(&self) -> Option<String> {
+        if self.broken.is_some() {
+            return Some("the write-ahead log cannot be written; see the server log".into());
+        }
+        let since = self.failing_since.filter(|_| self.failing_chunks > 0)?;
+        Some(format!(
+            "the record store has been failing for {:.1} s; see the server log",
             since.elapsed().as_secs_f64()
         ))
     }
@@ -299,10 +315,9 @@ impl WalWriter {
                     "the write-ahead log could not be written ({err}); appends are refused \
                      until streamgate is restarted, which recovers every acknowledged record"
                 );
-                let first = self.health.send_if_modified(|status| {
-                    let first = status.broken.is_none();
+                let first = self.health.borrow().broken.is_none();
+                self.health.send_modify(|status| {
                     status.broken.get_or_insert_with(|| reason.clone());
-                    first
                 });
                 if first {
                     tracing::error!("{reason}");
@@ -326,47 +341,68 @@ async fn write_until_durable(
     chunk: &Bytes,
     health: &WalHealth,
 ) {
-    let mut failures = 0u32;
+    let mut failing: Option<FailingChunk> = None;
     let mut backoff = FIRST_RETRY_BACKOFF;
+    let mut attempts = 0u32;
     loop {
+        attempts += 1;
         let error = match store.put(key, chunk.clone()).await {
             Ok(()) => break,
             Err(error) => error,
         };
-        failures += 1;
-        let started_failing = health.send_if_modified(|status| {
-            if failures == 1 {
-                status.failing_chunks += 1;
-            }
-            let started = failures == 1 && status.failing_chunks == 1;
-            let since = match &status.failure {
-                Some((_, since)) if !started => *since,
-                _ => std::time::Instant::now(),
-            };
-            status.failure = Some((error.to_string(), since));
-            started
-        });
-        if started_failing {
+        let first_failing = failing.is_none() && health.borrow().failing_chunks == 0;
+        failing
+            .get_or_insert_with(|| FailingChunk::new(health))
+            .failed(&error);
+        if first_failing {
             tracing::error!(chunk = %key, error = %error, "the record store cannot be written: appends are refused until it answers again; retrying");
-        } else if failures == 1 || failures.is_multiple_of(10) {
-            tracing::warn!(chunk = %key, attempt = failures, error = %error, "WAL chunk write failed; retrying");
+        } else if attempts == 1 || attempts.is_multiple_of(10) {
+            tracing::warn!(chunk = %key, attempt = attempts, error = %error, "WAL chunk write failed; retrying");
         }
         // Jitter keeps the retries of several chunks (and nodes) from moving in step.
         let jitter = rand::random_range(0.8..1.2);
         tokio::time::sleep(backoff.mul_f64(jitter)).await;
         backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
     }
-    if failures > 0 {
-        let recovered = health.send_if_modified(|status| {
-            status.failing_chunks -= 1;
-            let recovered = status.failing_chunks == 0;
-            if recovered {
-                status.failure = None;
-            }
-            recovered
-        });
-        if recovered {
-            tracing::info!(chunk = %key, attempts = failures + 1, "the record store answers again: appends are accepted again");
+    if let Some(failing) = failing {
+        drop(failing);
+        if health.borrow().failing_chunks == 0 {
+            tracing::info!(chunk = %key, attempts, "the record store answers again: appends are accepted again");
         }
+    }
+}
+
+/// A chunk counted as failing in the log's health, until it is dropped: when the chunk
+/// is written, or if its task ends any other way, so the count never sticks.
+struct FailingChunk<'a> {
+    health: &'a WalHealth,
+}
+
+impl<'a> FailingChunk<'a> {
+    fn new(health: &'a WalHealth) -> FailingChunk<'a> {
+        health.send_modify(|status| {
+            status.failing_chunks += 1;
+            status
+                .failing_since
+                .get_or_insert_with(std::time::Instant::now);
+        });
+        FailingChunk { health }
+    }
+
+    fn failed(&self, error: &Error) {
+        self.health
+            .send_modify(|status| status.last_error = Some(error.to_string()));
+    }
+}
+
+impl Drop for FailingChunk<'_> {
+    fn drop(&mut self) {
+        self.health.send_modify(|status| {
+            status.failing_chunks -= 1;
+            if status.failing_chunks == 0 {
+                status.failing_since = None;
+                status.last_error = None;
+            }
+        });
     }
 }

@@ -3,6 +3,8 @@
 //! who sent it (the bearer token and the client's address), and reading its body within
 //! a size limit and a deadline.
 
+pub mod protobuf;
+
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -52,18 +54,25 @@ fn bearer(headers: &HeaderMap) -> streamgate_core::Result<&str> {
     streamgate_core::access::bearer_token(authorization)
 }
 
-/// How long a client may take to send a whole unary request body. A client that sends
+/// How long a client may take to send a whole unary request body: a base, plus the
+/// time to send the largest body allowed at `SLOWEST_BODY_RATE`. A client that sends
 /// slower (or stops halfway) is answered with `408` instead of holding its connection
 /// and buffer for ever.
-pub const BODY_DEADLINE: Duration = Duration::from_secs(30);
+pub fn body_deadline(limit: usize) -> Duration {
+    BODY_DEADLINE_BASE + Duration::from_secs_f64(limit as f64 / SLOWEST_BODY_RATE)
+}
+
+const BODY_DEADLINE_BASE: Duration = Duration::from_secs(30);
+/// Bytes per second (256 KiB/s).
+const SLOWEST_BODY_RATE: f64 = 256.0 * 1024.0;
 
 /// Why a request body could not be read.
 #[derive(Debug)]
 pub enum BodyError {
     /// Over the limit (after decompression): how many bytes are allowed.
     TooLarge(usize),
-    /// Not all there within `BODY_DEADLINE`.
-    TimedOut,
+    /// Not all there within its deadline.
+    TimedOut(Duration),
     /// The client's side broke, or its compressed body is malformed.
     Unreadable(String),
 }
@@ -75,20 +84,20 @@ impl std::fmt::Display for BodyError {
                 f,
                 "the request body is larger than {limit} bytes (after decompression)"
             ),
-            BodyError::TimedOut => write!(
+            BodyError::TimedOut(deadline) => write!(
                 f,
                 "the request body did not arrive in full within {} s",
-                BODY_DEADLINE.as_secs()
+                deadline.as_secs()
             ),
             BodyError::Unreadable(why) => write!(f, "cannot read the request body: {why}"),
         }
     }
 }
 
-/// Reads a whole request body of at most `limit` bytes within `BODY_DEADLINE`. Memory
-/// never exceeds the limit, whatever the client announces or compresses.
+/// Reads a whole request body of at most `limit` bytes within `body_deadline(limit)`.
+/// Memory never exceeds the limit, whatever the client announces or compresses.
 pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, BodyError> {
-    read_body_within(body, limit, BODY_DEADLINE).await
+    read_body_within(body, limit, body_deadline(limit)).await
 }
 
 async fn read_body_within(
@@ -97,7 +106,7 @@ async fn read_body_within(
     deadline: Duration,
 ) -> Result<Bytes, BodyError> {
     match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
-        Err(_) => Err(BodyError::TimedOut),
+        Err(_) => Err(BodyError::TimedOut(deadline)),
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(err)) => {
             let too_large =
@@ -131,6 +140,9 @@ mod tests {
         let stalled =
             Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>());
         let outcome = read_body_within(stalled, 100, Duration::from_millis(50)).await;
-        assert!(matches!(outcome, Err(BodyError::TimedOut)), "{outcome:?}");
+        assert!(
+            matches!(outcome, Err(BodyError::TimedOut(_))),
+            "{outcome:?}"
+        );
     }
 }

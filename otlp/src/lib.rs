@@ -10,10 +10,11 @@
 //! `application/json`). Any OTLP decoder reads a body back as an export request.
 
 mod export;
+#[cfg(feature = "fuzz")]
+pub mod fuzz;
 mod request;
 mod signal;
 mod split;
-mod wire;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -85,7 +86,7 @@ async fn accept(
         .map_err(|err| {
             let status = match err {
                 streamgate_http::BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-                streamgate_http::BodyError::TimedOut => StatusCode::REQUEST_TIMEOUT,
+                streamgate_http::BodyError::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
                 streamgate_http::BodyError::Unreadable(_) => StatusCode::BAD_REQUEST,
             };
             Failure {

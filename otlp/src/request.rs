@@ -5,16 +5,33 @@
 //! the request arrived in. For protobuf it is the group's bytes as sent (field 1 of the
 //! request, unchanged); for JSON it is the group's JSON text as sent. A group larger
 //! than one record is split by scope and item (see `split`).
+//!
+//! Memory stays proportional to the request whatever it holds: groups, scopes and items
+//! are cut out of the request as slices of it (up to `MAX_GROUPS` groups and `MAX_ITEMS`
+//! items per request), and each is checked by decoding it on its own: a group's head
+//! (resource), each scope's head and each item, one at a time, never a whole group at
+//! once (a decoded message can take tens of times the memory of its encoding).
+
+use std::borrow::Cow;
+use std::fmt;
 
 use bytes::Bytes;
-use std::collections::BTreeMap;
-
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use streamgate_core::names::StreamName;
+use streamgate_http::protobuf;
 
 use crate::signal::Signal;
 use crate::split::{self, Group, Scope};
-use crate::wire;
+
+/// Resource groups one request may hold.
+pub const MAX_GROUPS: usize = 10_000;
+/// Items (spans, metrics, log records) one request may hold.
+pub const MAX_ITEMS: usize = 200_000;
+/// Scopes one request may hold.
+pub const MAX_SCOPES: usize = 200_000;
+/// Fields one JSON object of a group's or scope's head may have.
+const MAX_HEAD_FIELDS: usize = 256;
 
 /// The two OTLP/HTTP encodings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +65,7 @@ impl Encoding {
 }
 
 /// One resource group of a request.
+#[derive(Debug)]
 pub(crate) struct ParsedGroup {
     /// Spans, data points or log records in it.
     pub items: u64,
@@ -55,8 +73,8 @@ pub(crate) struct ParsedGroup {
     pub target: Result<(StreamName, Vec<Bytes>), String>,
 }
 
-/// Parses a request body; an error means it is not a decodable export request.
-/// `record_limit` is the largest record body allowed.
+/// Parses a request body; an error means it is not a decodable export request (or
+/// holds more than a request may). `record_limit` is the largest record body allowed.
 pub(crate) fn parse(
     signal: Signal,
     encoding: Encoding,
@@ -76,53 +94,147 @@ fn too_large(signal: Signal, limit: usize) -> String {
     )
 }
 
+/// How one encoding's groups are checked: the size of a head or item as sent, and
+/// decoding each on its own. `check_item` returns how many items it counts for
+/// (`partial_success` counts metric data points, not metrics).
+struct Checks<H, I> {
+    head_len: fn(&H) -> usize,
+    item_len: fn(&I) -> usize,
+    resource: fn(Signal, &H) -> Result<Option<crate::signal::Resource>, String>,
+    check_scope: fn(Signal, &H) -> Result<(), String>,
+    check_item: fn(Signal, &I) -> Result<u64, String>,
+}
+
+/// Checks every part of a group, one at a time, and routes it: its item count, and its
+/// target stream (or why it cannot be stored; parts too large for any record are not
+/// decoded at all).
+fn inspect<H, I>(
+    signal: Signal,
+    group: &Group<H, I>,
+    limit: usize,
+    checks: &Checks<H, I>,
+) -> Result<(u64, Result<StreamName, String>), String> {
+    let fits = (checks.head_len)(&group.head) <= limit
+        && group.scopes.iter().all(|scope| {
+            (checks.head_len)(&scope.head) <= limit
+                && scope
+                    .items
+                    .iter()
+                    .all(|item| (checks.item_len)(item) <= limit)
+        });
+    let count = group.scopes.iter().map(|s| s.items.len() as u64).sum();
+    if !fits {
+        return Ok((count, Err(too_large(signal, limit))));
+    }
+    let resource = (checks.resource)(signal, &group.head)?;
+    let mut items = 0;
+    for scope in &group.scopes {
+        (checks.check_scope)(signal, &scope.head)?;
+        for item in &scope.items {
+            items += (checks.check_item)(signal, item)?;
+        }
+    }
+    Ok((items, crate::signal::target_stream(resource.as_ref())))
+}
+
+/// Keeps count of what a request holds, against `MAX_GROUPS` and `MAX_ITEMS`.
+#[derive(Default)]
+struct Budget {
+    groups: usize,
+    scopes: usize,
+    items: usize,
+}
+
+impl Budget {
+    fn take_group(&mut self) -> Result<(), String> {
+        self.groups += 1;
+        if self.groups > MAX_GROUPS {
+            return Err(format!(
+                "a request may hold at most {MAX_GROUPS} resource groups"
+            ));
+        }
+        Ok(())
+    }
+
+    fn take_scope(&mut self) -> Result<(), String> {
+        self.scopes += 1;
+        if self.scopes > MAX_SCOPES {
+            return Err(format!("a request may hold at most {MAX_SCOPES} scopes"));
+        }
+        Ok(())
+    }
+
+    fn take_item(&mut self) -> Result<(), String> {
+        self.items += 1;
+        if self.items > MAX_ITEMS {
+            return Err(format!(
+                "a request may hold at most {MAX_ITEMS} spans, metrics or log records"
+            ));
+        }
+        Ok(())
+    }
+}
+
 // ---- protobuf ----
 
+const PROTOBUF: Checks<Vec<u8>, Bytes> = Checks {
+    head_len: Vec::len,
+    item_len: Bytes::len,
+    resource: |signal, head| signal.protobuf_resource(head),
+    check_scope: |signal, head| signal.check_protobuf_scope(head),
+    check_item: |signal, item| signal.check_protobuf_item(item),
+};
+
 fn parse_protobuf(signal: Signal, body: &Bytes, limit: usize) -> Result<Vec<ParsedGroup>, String> {
+    let undecodable = |e: String| format!("undecodable protobuf: {e}");
+    let mut budget = Budget::default();
     let mut groups = Vec::new();
-    for field in wire::fields(body).map_err(|e| format!("undecodable protobuf: {e}"))? {
+    for field in protobuf::fields(body) {
+        let field = field.map_err(undecodable)?;
         // Unknown fields are skipped, as protobuf readers do.
         if field.number != 1 {
             continue;
         }
         if !field.is_len {
-            return Err("undecodable protobuf: a resource group is not a message".into());
+            return Err(undecodable("a resource group is not a message".into()));
         }
-        let info = signal.inspect_protobuf(&field.payload)?;
-        let target = info.stream.and_then(|stream| {
+        budget.take_group()?;
+        let group = protobuf_group(&field.payload, &mut budget).map_err(undecodable)?;
+        let (items, stream) = inspect(signal, &group, limit, &PROTOBUF)?;
+        let target = stream.and_then(|stream| {
             let bodies = if field.raw.len() <= limit {
                 vec![field.raw]
             } else {
-                let group = protobuf_group(&field.payload)?;
                 split::pieces(group, limit, &encode_protobuf)
                     .ok_or_else(|| too_large(signal, limit))?
             };
             Ok((stream, bodies))
         });
-        groups.push(ParsedGroup {
-            items: info.items,
-            target,
-        });
+        groups.push(ParsedGroup { items, target });
     }
     Ok(groups)
 }
 
 /// A protobuf resource group: every scope is field 2 of the group, every item field 2
 /// of its scope, in all three signals; heads keep the other fields' bytes as sent.
-fn protobuf_group(group: &Bytes) -> Result<Group<Vec<u8>, Bytes>, String> {
+fn protobuf_group(group: &Bytes, budget: &mut Budget) -> Result<Group<Vec<u8>, Bytes>, String> {
     let mut head = Vec::new();
     let mut scopes = Vec::new();
-    for field in wire::fields(group)? {
+    for field in protobuf::fields(group) {
+        let field = field?;
         if field.number != 2 {
             head.extend_from_slice(&field.raw);
             continue;
         }
+        budget.take_scope()?;
         let mut scope = Scope {
             head: Vec::new(),
             items: Vec::new(),
         };
-        for field in wire::fields(&field.payload)? {
+        for field in protobuf::fields(&field.payload) {
+            let field = field?;
             if field.number == 2 {
+                budget.take_item()?;
                 scope.items.push(field.payload);
             } else {
                 scope.head.extend_from_slice(&field.raw);
@@ -138,49 +250,53 @@ fn encode_protobuf(group: &Group<Vec<u8>, Bytes>) -> Vec<u8> {
     for scope in &group.scopes {
         let mut encoded = scope.head.clone();
         for item in &scope.items {
-            wire::put_len_field(&mut encoded, 2, item);
+            protobuf::put_len_field(&mut encoded, 2, item);
         }
-        wire::put_len_field(&mut inner, 2, &encoded);
+        protobuf::put_len_field(&mut inner, 2, &encoded);
     }
     let mut request = Vec::with_capacity(inner.len() + 8);
-    wire::put_len_field(&mut request, 1, &inner);
+    protobuf::put_len_field(&mut request, 1, &inner);
     request
 }
 
 // ---- JSON ----
 
+/// A JSON object's fields, each value as the text the client sent.
+type RawFields<'a> = Vec<(String, &'a RawValue)>;
+
+fn json_head_len(fields: &RawFields<'_>) -> usize {
+    fields
+        .iter()
+        .map(|(k, v)| k.len() + v.get().len() + 4)
+        .sum::<usize>()
+        + 2
+}
+
 fn parse_json(signal: Signal, body: &Bytes, limit: usize) -> Result<Vec<ParsedGroup>, String> {
-    // Groups stay the exact text the client sent (parsed once, for checking and routing);
-    // only a group too large for one record is taken apart.
-    let request: BTreeMap<String, &RawValue> =
-        serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
+    let text = std::str::from_utf8(body).map_err(|e| format!("invalid JSON: {e}"))?;
     let key = signal.groups_key();
-    let groups: Vec<&RawValue> = match request.get(key) {
-        Some(groups) if groups.get() == "null" => Vec::new(),
-        Some(groups) => {
-            serde_json::from_str(groups.get()).map_err(|_| format!("`{key}` must be an array"))?
+    let groups = match request_groups(text, key)? {
+        (Some(groups), _) if groups.get() == "null" => Vec::new(),
+        (Some(groups), _) => bounded_list(groups.get(), MAX_GROUPS)
+            .map_err(|_| format!("`{key}` must be an array of at most {MAX_GROUPS} groups"))?,
+        // OTLP/JSON keys are lowerCamelCase; say so rather than store nothing.
+        (None, Some(near_miss)) => {
+            return Err(format!(
+                "unknown key `{near_miss}`: OTLP/JSON uses lowerCamelCase `{key}`"
+            ))
         }
-        None => {
-            // OTLP/JSON keys are lowerCamelCase; say so rather than store nothing.
-            if let Some(other) = request
-                .keys()
-                .find(|k| k.replace('_', "").eq_ignore_ascii_case(key))
-            {
-                return Err(format!(
-                    "unknown key `{other}`: OTLP/JSON uses lowerCamelCase `{key}`"
-                ));
-            }
-            Vec::new()
-        }
+        (None, None) => Vec::new(),
     };
+    let mut budget = Budget::default();
     let mut parsed = Vec::with_capacity(groups.len());
     for group in groups {
         let text = group.get();
         if !text.starts_with('{') {
             return Err(format!("each element of `{key}` must be an object"));
         }
-        let info = signal.inspect_json(text)?;
-        let target = info.stream.and_then(|stream| {
+        let taken = json_group(signal, text, &mut budget)?;
+        let (items, stream) = inspect(signal, &taken, limit, &json_checks())?;
+        let target = stream.and_then(|stream| {
             let whole = json_request(signal, text);
             let bodies = if whole.len() <= limit {
                 vec![whole.into()]
@@ -188,17 +304,39 @@ fn parse_json(signal: Signal, body: &Bytes, limit: usize) -> Result<Vec<ParsedGr
                 let encode = |g: &Group<RawFields<'_>, &RawValue>| {
                     json_request(signal, &assemble_json(signal, g))
                 };
-                split::pieces(json_group(signal, text)?, limit, &encode)
-                    .ok_or_else(|| too_large(signal, limit))?
+                split::pieces(taken, limit, &encode).ok_or_else(|| too_large(signal, limit))?
             };
             Ok((stream, bodies))
         });
-        parsed.push(ParsedGroup {
-            items: info.items,
-            target,
-        });
+        parsed.push(ParsedGroup { items, target });
     }
     Ok(parsed)
+}
+
+/// The checks of JSON groups (a function, for the lifetime of the text checked).
+fn json_checks<'a>() -> Checks<RawFields<'a>, &'a RawValue> {
+    Checks {
+        head_len: json_head_len,
+        item_len: |item| item.get().len(),
+        resource: |signal, head| signal.json_resource(&object_text(head)),
+        check_scope: |signal, head| signal.check_json_scope(&object_text(head)),
+        check_item: |signal, item| signal.check_json_item(item.get()),
+    }
+}
+
+/// A head's fields as one JSON object.
+fn object_text(fields: &RawFields<'_>) -> String {
+    let mut out = String::from("{");
+    for (i, (key, value)) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&serde_json::to_string(key).expect("a string always serializes"));
+        out.push(':');
+        out.push_str(value.get());
+    }
+    out.push('}');
+    out
 }
 
 /// `{"<groups key>":[group]}` around a group's JSON text.
@@ -213,40 +351,171 @@ fn json_request(signal: Signal, group: &str) -> Vec<u8> {
     out
 }
 
-/// A JSON object's fields, each value as the text the client sent.
-type RawFields<'a> = Vec<(String, &'a RawValue)>;
+/// The groups of a request (the value of `key`), and otherwise a key that looks like
+/// it but is spelled differently (snake_case, other capitals). Other keys are skipped
+/// without being kept.
+fn request_groups<'a>(
+    text: &'a str,
+    key: &'static str,
+) -> Result<(Option<&'a RawValue>, Option<String>), String> {
+    struct RequestVisitor(&'static str);
+    impl<'de> Visitor<'de> for RequestVisitor {
+        type Value = (Option<&'de RawValue>, Option<String>);
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an export request object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let (mut groups, mut near_miss) = (None, None);
+            while let Some(name) = map.next_key::<Cow<'de, str>>()? {
+                if name == self.0 {
+                    groups = Some(map.next_value::<&'de RawValue>()?);
+                } else {
+                    if near_miss.is_none() && name.replace('_', "").eq_ignore_ascii_case(self.0) {
+                        near_miss = Some(name.into_owned());
+                    }
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok((groups, near_miss))
+        }
+    }
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let found = deserializer
+        .deserialize_map(RequestVisitor(key))
+        .map_err(|e| format!("invalid JSON: {e}"))?;
+    deserializer
+        .end()
+        .map_err(|e| format!("invalid JSON: {e}"))?;
+    Ok(found)
+}
+
+/// The elements of a JSON array as the text sent, refusing more than `max`.
+fn bounded_list(text: &str, max: usize) -> Result<Vec<&RawValue>, String> {
+    struct ListSeed(usize);
+    impl<'de> DeserializeSeed<'de> for ListSeed {
+        type Value = Vec<&'de RawValue>;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+    impl<'de> Visitor<'de> for ListSeed {
+        type Value = Vec<&'de RawValue>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "an array of at most {} elements", self.0)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(element) = seq.next_element::<&'de RawValue>()? {
+                if out.len() == self.0 {
+                    return Err(de::Error::custom(format!(
+                        "a list may hold at most {} elements here",
+                        self.0
+                    )));
+                }
+                out.push(element);
+            }
+            Ok(out)
+        }
+    }
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let list = ListSeed(max)
+        .deserialize(&mut deserializer)
+        .map_err(|e| format!("invalid OTLP JSON: {e}"))?;
+    deserializer
+        .end()
+        .map_err(|e| format!("invalid OTLP JSON: {e}"))?;
+    Ok(list)
+}
+
+/// The fields of a JSON object as the text sent, refusing more than `max`.
+fn bounded_object(text: &str, max: usize) -> Result<RawFields<'_>, String> {
+    struct ObjectVisitor(usize);
+    impl<'de> Visitor<'de> for ObjectVisitor {
+        type Value = RawFields<'de>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "an object of at most {} fields", self.0)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out: RawFields<'de> = Vec::new();
+            while let Some(name) = map.next_key::<String>()? {
+                if out.len() == self.0 {
+                    return Err(de::Error::custom(format!(
+                        "an object may have at most {} fields here",
+                        self.0
+                    )));
+                }
+                let value = map.next_value::<&'de RawValue>()?;
+                // Like a JSON decoder, the last of repeated keys counts.
+                out.retain(|(existing, _)| *existing != name);
+                out.push((name, value));
+            }
+            Ok(out)
+        }
+    }
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let object = deserializer
+        .deserialize_map(ObjectVisitor(max))
+        .map_err(|e| format!("invalid OTLP JSON: {e}"))?;
+    deserializer
+        .end()
+        .map_err(|e| format!("invalid OTLP JSON: {e}"))?;
+    Ok(object)
+}
 
 /// A JSON resource group taken apart without copying: heads are the other fields of the
 /// group and its scopes, items the raw text of each span, metric or log record.
 fn json_group<'a>(
     signal: Signal,
     text: &'a str,
+    budget: &mut Budget,
 ) -> Result<Group<RawFields<'a>, &'a RawValue>, String> {
-    fn object(text: &str) -> Result<BTreeMap<String, &RawValue>, String> {
-        serde_json::from_str(text).map_err(|e| format!("invalid OTLP JSON: {e}"))
-    }
-    fn list(value: Option<&RawValue>) -> Result<Vec<&RawValue>, String> {
-        match value {
-            None => Ok(Vec::new()),
-            Some(v) if v.get() == "null" => Ok(Vec::new()),
-            Some(v) => serde_json::from_str(v.get()).map_err(|e| format!("invalid OTLP JSON: {e}")),
+    /// Removes the list under `key` from `fields`, counting each element with `take`.
+    fn take_list<'a>(
+        fields: &mut RawFields<'a>,
+        key: &str,
+        budget: &mut Budget,
+        max: usize,
+        take: fn(&mut Budget) -> Result<(), String>,
+    ) -> Result<Vec<&'a RawValue>, String> {
+        let Some(at) = fields.iter().position(|(k, _)| k == key) else {
+            return Ok(Vec::new());
+        };
+        let (_, value) = fields.remove(at);
+        if value.get() == "null" {
+            return Ok(Vec::new());
         }
+        let list = bounded_list(value.get(), max)?;
+        for _ in &list {
+            take(budget)?;
+        }
+        Ok(list)
     }
-    let mut head = object(text)?;
-    let scopes = list(head.remove(signal.scopes_key()))?
-        .into_iter()
-        .map(|scope| {
-            let mut head = object(scope.get())?;
-            let items = list(head.remove(signal.items_key()))?;
-            Ok(Scope {
-                head: head.into_iter().collect(),
-                items,
-            })
-        })
-        .collect::<Result<_, String>>()?;
+    let mut head = bounded_object(text, MAX_HEAD_FIELDS)?;
+    let scopes = take_list(
+        &mut head,
+        signal.scopes_key(),
+        budget,
+        MAX_SCOPES,
+        Budget::take_scope,
+    )?;
+    let mut taken = Vec::with_capacity(scopes.len());
+    for scope in scopes {
+        let mut scope_head = bounded_object(scope.get(), MAX_HEAD_FIELDS)?;
+        let items = take_list(
+            &mut scope_head,
+            signal.items_key(),
+            budget,
+            MAX_ITEMS,
+            Budget::take_item,
+        )?;
+        taken.push(Scope {
+            head: scope_head,
+            items,
+        });
+    }
     Ok(Group {
-        head: head.into_iter().collect(),
-        scopes,
+        head,
+        scopes: taken,
     })
 }
 
@@ -542,7 +811,7 @@ mod tests {
         assert!(parse(Signal::Traces, Encoding::Protobuf, &truncated, LIMIT).is_err());
         // Field 1 holding bytes that are not a ResourceSpans.
         let mut garbage = Vec::new();
-        wire::put_len_field(&mut garbage, 1, &[0x0a, 0xff]);
+        protobuf::put_len_field(&mut garbage, 1, &[0x0a, 0xff]);
         assert!(parse(Signal::Traces, Encoding::Protobuf, &garbage.into(), LIMIT).is_err());
         // Field 1 as a varint.
         assert!(parse(
@@ -554,7 +823,7 @@ mod tests {
         .is_err());
         // An unknown field 9 next to a group.
         let mut extended = good.to_vec();
-        wire::put_len_field(&mut extended, 9, b"future");
+        protobuf::put_len_field(&mut extended, 9, b"future");
         let groups = parse(Signal::Traces, Encoding::Protobuf, &extended.into(), LIMIT).unwrap();
         assert_eq!(groups.len(), 1);
         assert!(
@@ -691,5 +960,37 @@ mod tests {
             .flat_map(|s| s.spans.iter().map(|s| s.name.clone()))
             .collect();
         assert_eq!(names, expected);
+    }
+
+    #[test]
+    fn what_a_request_holds_is_bounded_before_anything_is_decoded() {
+        // MAX_ITEMS + 1 empty spans in one scope: two bytes each on the wire, hundreds
+        // of bytes each once decoded.
+        let mut scope = Vec::new();
+        for _ in 0..=MAX_ITEMS {
+            protobuf::put_len_field(&mut scope, 2, &[]);
+        }
+        let mut group = Vec::new();
+        protobuf::put_len_field(&mut group, 2, &scope);
+        let mut request = Vec::new();
+        protobuf::put_len_field(&mut request, 1, &group);
+        let refused = parse(Signal::Traces, Encoding::Protobuf, &request.into(), LIMIT);
+        assert!(refused.unwrap_err().contains("at most"));
+
+        let groups = vec!["{}"; MAX_GROUPS + 1].join(",");
+        let request = format!(r#"{{"resourceLogs":[{groups}]}}"#);
+        let refused = parse(Signal::Logs, Encoding::Json, &request.into(), LIMIT);
+        assert!(refused.unwrap_err().contains("at most"));
+
+        let items = vec!["{}"; MAX_ITEMS + 1].join(",");
+        let request =
+            format!(r#"{{"resourceLogs":[{{"scopeLogs":[{{"logRecords":[{items}]}}]}}]}}"#);
+        let refused = parse(Signal::Logs, Encoding::Json, &request.into(), LIMIT);
+        assert!(refused.unwrap_err().contains("at most"));
+
+        let fields: Vec<String> = (0..300).map(|i| format!(r#""k{i}":0"#)).collect();
+        let request = format!(r#"{{"resourceLogs":[{{{}}}]}}"#, fields.join(","));
+        let refused = parse(Signal::Logs, Encoding::Json, &request.into(), LIMIT);
+        assert!(refused.unwrap_err().contains("fields"));
     }
 }

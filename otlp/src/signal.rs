@@ -3,12 +3,13 @@
 //! its items (for `partial_success`).
 
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
-use opentelemetry_proto::tonic::logs::v1::ResourceLogs;
-use opentelemetry_proto::tonic::metrics::v1::{metric::Data, ResourceMetrics};
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
+use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+use opentelemetry_proto::tonic::metrics::v1::{
+    metric::Data, Metric, ResourceMetrics, ScopeMetrics,
+};
+pub(crate) use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
-use serde::de::DeserializeOwned;
 use streamgate_core::names::StreamName;
 
 /// The resource attribute that names a group's stream.
@@ -76,99 +77,95 @@ impl Signal {
         }
     }
 
-    /// Decodes one protobuf resource group (which checks it is well-formed).
-    pub(crate) fn inspect_protobuf(self, group: &[u8]) -> Result<GroupInfo, String> {
-        fn decode<G: ResourceGroup>(group: &[u8]) -> Result<GroupInfo, String> {
-            G::decode(group)
-                .map(|g| g.info())
-                .map_err(|e| format!("undecodable protobuf: {e}"))
-        }
-        match self {
-            Signal::Traces => decode::<ResourceSpans>(group),
-            Signal::Metrics => decode::<ResourceMetrics>(group),
-            Signal::Logs => decode::<ResourceLogs>(group),
-        }
+    /// The resource of a protobuf group's head (the group without its scopes), decoded
+    /// (which checks it is well-formed).
+    pub(crate) fn protobuf_resource(self, head: &[u8]) -> Result<Option<Resource>, String> {
+        let undecodable = |e: prost::DecodeError| format!("undecodable protobuf: {e}");
+        Ok(match self {
+            Signal::Traces => ResourceSpans::decode(head).map_err(undecodable)?.resource,
+            Signal::Metrics => ResourceMetrics::decode(head).map_err(undecodable)?.resource,
+            Signal::Logs => ResourceLogs::decode(head).map_err(undecodable)?.resource,
+        })
     }
 
-    /// Decodes one resource group of the OTLP JSON mapping (which checks hex ids,
-    /// 64-bit integers as strings or numbers, and integer enums).
-    pub(crate) fn inspect_json(self, group: &str) -> Result<GroupInfo, String> {
-        fn decode<G: ResourceGroup>(group: &str) -> Result<GroupInfo, String> {
-            serde_json::from_str::<G>(group)
-                .map(|g| g.info())
-                .map_err(|e| format!("invalid OTLP JSON: {e}"))
-        }
-        match self {
-            Signal::Traces => decode::<ResourceSpans>(group),
-            Signal::Metrics => decode::<ResourceMetrics>(group),
-            Signal::Logs => decode::<ResourceLogs>(group),
-        }
-    }
-}
-
-/// What routing needs to know about a resource group.
-pub(crate) struct GroupInfo {
-    /// The stream its `s2.stream` attribute names, or why it names none.
-    pub stream: Result<StreamName, String>,
-    /// Spans, metric data points or log records in it.
-    pub items: u64,
-}
-
-trait ResourceGroup: Message + Default + DeserializeOwned {
-    fn resource(&self) -> Option<&Resource>;
-    fn items(&self) -> u64;
-
-    fn info(&self) -> GroupInfo {
-        GroupInfo {
-            stream: target_stream(self.resource()),
-            items: self.items(),
-        }
-    }
-}
-
-impl ResourceGroup for ResourceSpans {
-    fn resource(&self) -> Option<&Resource> {
-        self.resource.as_ref()
-    }
-    fn items(&self) -> u64 {
-        self.scope_spans.iter().map(|s| s.spans.len() as u64).sum()
-    }
-}
-
-impl ResourceGroup for ResourceLogs {
-    fn resource(&self) -> Option<&Resource> {
-        self.resource.as_ref()
-    }
-    fn items(&self) -> u64 {
-        self.scope_logs
-            .iter()
-            .map(|s| s.log_records.len() as u64)
-            .sum()
-    }
-}
-
-impl ResourceGroup for ResourceMetrics {
-    fn resource(&self) -> Option<&Resource> {
-        self.resource.as_ref()
-    }
-    fn items(&self) -> u64 {
-        let points = |data: &Data| match data {
-            Data::Gauge(g) => g.data_points.len(),
-            Data::Sum(s) => s.data_points.len(),
-            Data::Histogram(h) => h.data_points.len(),
-            Data::ExponentialHistogram(h) => h.data_points.len(),
-            Data::Summary(s) => s.data_points.len(),
+    /// Checks a protobuf scope's head (the scope without its items) is well-formed.
+    pub(crate) fn check_protobuf_scope(self, head: &[u8]) -> Result<(), String> {
+        let checked = match self {
+            Signal::Traces => ScopeSpans::decode(head).map(drop),
+            Signal::Metrics => ScopeMetrics::decode(head).map(drop),
+            Signal::Logs => ScopeLogs::decode(head).map(drop),
         };
-        self.scope_metrics
-            .iter()
-            .flat_map(|s| &s.metrics)
-            .filter_map(|m| m.data.as_ref())
-            .map(|d| points(d) as u64)
-            .sum()
+        checked.map_err(|e| format!("undecodable protobuf: {e}"))
+    }
+
+    /// Checks a protobuf item is well-formed; how many items it counts for.
+    pub(crate) fn check_protobuf_item(self, item: &[u8]) -> Result<u64, String> {
+        let counted = match self {
+            Signal::Traces => Span::decode(item).map(|_| 1),
+            Signal::Metrics => Metric::decode(item).map(|metric| data_points(&metric)),
+            Signal::Logs => LogRecord::decode(item).map(|_| 1),
+        };
+        counted.map_err(|e| format!("undecodable protobuf: {e}"))
+    }
+
+    /// The resource of a JSON group's head, decoded by the OTLP JSON mapping (which
+    /// checks hex ids, 64-bit integers as strings or numbers, and integer enums).
+    pub(crate) fn json_resource(self, head: &str) -> Result<Option<Resource>, String> {
+        let invalid = |e: serde_json::Error| format!("invalid OTLP JSON: {e}");
+        Ok(match self {
+            Signal::Traces => {
+                serde_json::from_str::<ResourceSpans>(head)
+                    .map_err(invalid)?
+                    .resource
+            }
+            Signal::Metrics => {
+                serde_json::from_str::<ResourceMetrics>(head)
+                    .map_err(invalid)?
+                    .resource
+            }
+            Signal::Logs => {
+                serde_json::from_str::<ResourceLogs>(head)
+                    .map_err(invalid)?
+                    .resource
+            }
+        })
+    }
+
+    /// Checks a JSON scope's head follows the mapping.
+    pub(crate) fn check_json_scope(self, head: &str) -> Result<(), String> {
+        let checked = match self {
+            Signal::Traces => serde_json::from_str::<ScopeSpans>(head).map(drop),
+            Signal::Metrics => serde_json::from_str::<ScopeMetrics>(head).map(drop),
+            Signal::Logs => serde_json::from_str::<ScopeLogs>(head).map(drop),
+        };
+        checked.map_err(|e| format!("invalid OTLP JSON: {e}"))
+    }
+
+    /// Checks a JSON item follows the mapping; how many items it counts for.
+    pub(crate) fn check_json_item(self, item: &str) -> Result<u64, String> {
+        let counted = match self {
+            Signal::Traces => serde_json::from_str::<Span>(item).map(|_| 1),
+            Signal::Metrics => serde_json::from_str::<Metric>(item).map(|m| data_points(&m)),
+            Signal::Logs => serde_json::from_str::<LogRecord>(item).map(|_| 1),
+        };
+        counted.map_err(|e| format!("invalid OTLP JSON: {e}"))
     }
 }
 
-fn target_stream(resource: Option<&Resource>) -> Result<StreamName, String> {
+/// The data points of a metric: what `partial_success` counts for metrics.
+fn data_points(metric: &Metric) -> u64 {
+    let points = match &metric.data {
+        None => 0,
+        Some(Data::Gauge(g)) => g.data_points.len(),
+        Some(Data::Sum(s)) => s.data_points.len(),
+        Some(Data::Histogram(h)) => h.data_points.len(),
+        Some(Data::ExponentialHistogram(h)) => h.data_points.len(),
+        Some(Data::Summary(s)) => s.data_points.len(),
+    };
+    points as u64
+}
+
+pub(crate) fn target_stream(resource: Option<&Resource>) -> Result<StreamName, String> {
     let value = resource
         .into_iter()
         .flat_map(|r| &r.attributes)

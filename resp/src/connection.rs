@@ -24,6 +24,8 @@ use crate::RespSettings;
 /// Bytes read ahead while a command runs (a client pipelining behind a blocked XREAD):
 /// past this the connection stops reading until the command is done.
 const MAX_BUFFERED_INPUT: usize = crate::request::MAX_REQUEST_BYTES + 64 * 1024;
+/// Encoded replies held before they are written out.
+const MAX_BUFFERED_OUTPUT: usize = 64 * 1024;
 /// Replies a pipelining client may have outstanding before the connection stops reading
 /// its further commands (they wait in the socket, so the client feels backpressure).
 const MAX_PENDING_REPLIES: usize = 1024;
@@ -45,6 +47,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let mut session = Session::new(engine, settings, sni_basin, client);
+    let mut decoder = crate::request::RequestDecoder::default();
     let mut input = BytesMut::with_capacity(16 * 1024);
     let mut output = BytesMut::with_capacity(16 * 1024);
     let mut pending: Pending = FuturesOrdered::new();
@@ -55,9 +58,13 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
 
     loop {
         // Run every complete command in the buffer.
+        let mut decoded_any = false;
         loop {
-            let args = match crate::request::next_request(&mut input) {
-                Ok(Some(args)) => args,
+            let args = match decoder.next_request(&mut input) {
+                Ok(Some(args)) => {
+                    decoded_any = true;
+                    args
+                }
                 Ok(None) => break,
                 Err(crate::request::ProtocolError(message)) => {
                     flush_batch(&mut session, &mut batch, &mut pending).await;
@@ -123,6 +130,12 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                 stream.write_all(&output).await?;
                 return Ok(());
             }
+            // Replies go out as they accumulate, so a pipeline of large reads holds at
+            // most this much, and a client that does not read them stops this loop.
+            if output.len() >= MAX_BUFFERED_OUTPUT {
+                stream.write_all(&output).await?;
+                output.clear();
+            }
         }
         flush_batch(&mut session, &mut batch, &mut pending).await;
         if !output.is_empty() {
@@ -131,10 +144,12 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
         }
 
         ever_authenticated |= session.authenticated();
+        // The arrival deadline is for the command at the front of the input: it starts
+        // again whenever a command completed.
         partial_since = match (input.is_empty(), partial_since) {
             (true, _) => None,
-            (false, None) => Some(tokio::time::Instant::now()),
-            (false, since) => since,
+            (false, Some(since)) if !decoded_any => Some(since),
+            (false, _) => Some(tokio::time::Instant::now()),
         };
         let arrival_deadline = partial_since.map(|since| since + ARRIVAL_TIMEOUT);
         tokio::select! {

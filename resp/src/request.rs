@@ -14,7 +14,8 @@ pub const MAX_ARGUMENTS: usize = 1024 * 1024;
 pub const MAX_INLINE_BYTES: usize = 64 * 1024;
 /// Arguments reserved up front, whatever count the client announces.
 const PREALLOCATED_ARGUMENTS: usize = 64;
-/// The longest `*<n>` / `$<n>` header line worth reading: a sign, 20 digits, CRLF.
+/// The longest `*<n>` / `$<n>` line worth reading (after its `*` or `$`): a sign, the
+/// 19 digits of an i64, CRLF, and some slack.
 const MAX_HEADER_LINE: usize = 24;
 
 /// A request that breaks the protocol; the connection answers with this error and
@@ -28,19 +29,46 @@ impl ProtocolError {
     }
 }
 
-/// The next whole request in `input` as its arguments (removed from `input`),
-/// `Ok(None)` if more bytes are needed.
-pub fn next_request(input: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
-    loop {
-        match input.first() {
-            None => return Ok(None),
-            Some(b'*') => match measure_array(input)? {
-                Scan::Incomplete => return Ok(None),
-                // `*0` and `*-1` are empty requests, which Redis skips.
-                Scan::Complete { len, arguments } if arguments.is_empty() => {
-                    input.advance(len);
-                }
-                Scan::Complete { len, arguments } => {
+/// Decodes the requests of one connection from its input buffer, which the caller only
+/// appends to and lets this take whole requests from. What was scanned of a request that
+/// has not fully arrived is kept, so a request arriving a byte at a time costs time
+/// linear in its size.
+#[derive(Default)]
+pub struct RequestDecoder {
+    /// The array request at the front of the input, as far as it has been scanned.
+    array: Option<PartialArray>,
+    /// How much of the front of the input was searched for the end of an inline line.
+    inline_searched: usize,
+}
+
+struct PartialArray {
+    count: usize,
+    /// Where each argument found so far lies in the request.
+    arguments: Vec<(usize, usize)>,
+    /// Where scanning resumes.
+    at: usize,
+}
+
+impl RequestDecoder {
+    /// The next whole request in `input` as its arguments (removed from `input`),
+    /// `Ok(None)` if more bytes are needed.
+    pub fn next_request(
+        &mut self,
+        input: &mut BytesMut,
+    ) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        loop {
+            match input.first() {
+                None => return Ok(None),
+                Some(b'*') => {
+                    let Some((len, arguments)) = self.scan_array(input)? else {
+                        return Ok(None);
+                    };
+                    self.array = None;
+                    // `*0` and `*-1` are empty requests, which Redis skips.
+                    if arguments.is_empty() {
+                        input.advance(len);
+                        continue;
+                    }
                     let request = input.split_to(len).freeze();
                     return Ok(Some(
                         arguments
@@ -49,80 +77,108 @@ pub fn next_request(input: &mut BytesMut) -> Result<Option<Vec<Bytes>>, Protocol
                             .collect(),
                     ));
                 }
-            },
-            Some(_) => match inline_line(input)? {
-                None => return Ok(None),
-                Some(arguments) if arguments.is_empty() => {} // a blank line
-                Some(arguments) => return Ok(Some(arguments)),
-            },
+                Some(_) => match self.inline_line(input)? {
+                    None => return Ok(None),
+                    Some(arguments) if arguments.is_empty() => {} // a blank line
+                    Some(arguments) => return Ok(Some(arguments)),
+                },
+            }
         }
     }
-}
 
-enum Scan {
-    Incomplete,
-    /// The request's length in bytes and where each argument lies in it.
-    Complete {
-        len: usize,
-        arguments: Vec<(usize, usize)>,
-    },
-}
-
-/// Finds the extent of the array request at the front of `input` without copying it.
-fn measure_array(input: &[u8]) -> Result<Scan, ProtocolError> {
-    let Some((count, mut at)) = header_line(input, 0, b'*')? else {
-        return Ok(Scan::Incomplete);
-    };
-    if count <= 0 {
-        return Ok(Scan::Complete {
-            len: at,
-            arguments: Vec::new(),
-        });
-    }
-    let count = usize::try_from(count)
-        .ok()
-        .filter(|n| *n <= MAX_ARGUMENTS)
-        .ok_or_else(|| ProtocolError::new("invalid multibulk length"))?;
-    let mut arguments = Vec::with_capacity(count.min(PREALLOCATED_ARGUMENTS));
-    for _ in 0..count {
-        if at >= input.len() {
-            return incomplete_within_bound(at);
-        }
-        if input[at] != b'$' {
-            return Err(ProtocolError::new(format!(
-                "expected '$', got '{}'",
-                char::from(input[at]).escape_default()
-            )));
-        }
-        let Some((len, body)) = header_line(input, at, b'$')? else {
-            return incomplete_within_bound(at);
+    /// Scans the array request at the front of `input` further: its length and where
+    /// each argument lies once it is complete, `None` while more bytes are needed.
+    #[allow(clippy::type_complexity)]
+    fn scan_array(
+        &mut self,
+        input: &[u8],
+    ) -> Result<Option<(usize, Vec<(usize, usize)>)>, ProtocolError> {
+        let partial = match &mut self.array {
+            Some(partial) => partial,
+            None => {
+                let Some((count, at)) = header_line(input, 0, b'*')? else {
+                    return Ok(None);
+                };
+                if count <= 0 {
+                    return Ok(Some((at, Vec::new())));
+                }
+                let count = usize::try_from(count)
+                    .ok()
+                    .filter(|n| *n <= MAX_ARGUMENTS)
+                    .ok_or_else(|| ProtocolError::new("invalid multibulk length"))?;
+                self.array.insert(PartialArray {
+                    count,
+                    arguments: Vec::with_capacity(count.min(PREALLOCATED_ARGUMENTS)),
+                    at,
+                })
+            }
         };
-        let len = usize::try_from(len)
-            .ok()
-            .filter(|n| *n <= MAX_REQUEST_BYTES)
-            .ok_or_else(|| ProtocolError::new("invalid bulk length"))?;
-        let end = body + len;
-        if end + 2 > input.len() {
-            return incomplete_within_bound(end + 2);
+        while partial.arguments.len() < partial.count {
+            let at = partial.at;
+            if at >= input.len() {
+                return Ok(None);
+            }
+            if input[at] != b'$' {
+                return Err(ProtocolError::new(format!(
+                    "expected '$', got '{}'",
+                    char::from(input[at]).escape_default()
+                )));
+            }
+            let Some((len, body)) = header_line(input, at, b'$')? else {
+                return Ok(None);
+            };
+            let len = usize::try_from(len)
+                .ok()
+                .filter(|n| *n <= MAX_REQUEST_BYTES)
+                .ok_or_else(|| ProtocolError::new("invalid bulk length"))?;
+            let end = body + len;
+            // Whether or not it has all arrived: a request may not pass the limit.
+            if end + 2 > MAX_REQUEST_BYTES {
+                return Err(too_large());
+            }
+            if end + 2 > input.len() {
+                return Ok(None);
+            }
+            if &input[end..end + 2] != b"\r\n" {
+                return Err(ProtocolError::new("a bulk string does not end in CRLF"));
+            }
+            partial.arguments.push((body, end));
+            partial.at = end + 2;
         }
-        if &input[end..end + 2] != b"\r\n" {
-            return Err(ProtocolError::new("a bulk string does not end in CRLF"));
-        }
-        arguments.push((body, end));
-        at = end + 2;
+        Ok(Some((partial.at, std::mem::take(&mut partial.arguments))))
     }
-    Ok(Scan::Complete { len: at, arguments })
+
+    /// An inline command (as typed into a raw TCP session): the words of the first
+    /// line, removed from `input`; `None` if the line is not complete yet.
+    fn inline_line(&mut self, input: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        let window = &input[..input.len().min(MAX_INLINE_BYTES + 1)];
+        let from = self.inline_searched.min(window.len());
+        let Some(end) = window[from..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map(|i| from + i)
+        else {
+            if input.len() > MAX_INLINE_BYTES {
+                return Err(ProtocolError::new("too big inline request"));
+            }
+            self.inline_searched = window.len();
+            return Ok(None);
+        };
+        self.inline_searched = 0;
+        let line = input.split_to(end + 1).freeze();
+        Ok(Some(
+            line.split(|b| b.is_ascii_whitespace())
+                .filter(|word| !word.is_empty())
+                .map(|word| line.slice_ref(word))
+                .collect(),
+        ))
+    }
 }
 
-/// More bytes are needed to reach `needed`: fine unless the request would exceed the
-/// size limit.
-fn incomplete_within_bound(needed: usize) -> Result<Scan, ProtocolError> {
-    if needed > MAX_REQUEST_BYTES {
-        return Err(ProtocolError::new(format!(
-            "a request may be at most {MAX_REQUEST_BYTES} bytes"
-        )));
-    }
-    Ok(Scan::Incomplete)
+fn too_large() -> ProtocolError {
+    ProtocolError::new(format!(
+        "a request may be at most {MAX_REQUEST_BYTES} bytes"
+    ))
 }
 
 /// Parses `<kind><integer>\r\n` at `at`: the integer and where the next line starts,
@@ -153,33 +209,15 @@ fn header_line(input: &[u8], at: usize, kind: u8) -> Result<Option<(i64, usize)>
     }
 }
 
-/// An inline command (as typed into a raw TCP session): the words of the first line,
-/// removed from `input`; `None` if the line is not complete yet.
-fn inline_line(input: &mut BytesMut) -> Result<Option<Vec<Bytes>>, ProtocolError> {
-    let window = &input[..input.len().min(MAX_INLINE_BYTES + 1)];
-    let Some(end) = window.iter().position(|&b| b == b'\n') else {
-        if input.len() > MAX_INLINE_BYTES {
-            return Err(ProtocolError::new("too big inline request"));
-        }
-        return Ok(None);
-    };
-    let line = input.split_to(end + 1).freeze();
-    Ok(Some(
-        line.split(|b| b.is_ascii_whitespace())
-            .filter(|word| !word.is_empty())
-            .map(|word| line.slice_ref(word))
-            .collect(),
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn all(wire: &[u8]) -> Result<Vec<Vec<Bytes>>, ProtocolError> {
         let mut input = BytesMut::from(wire);
+        let mut decoder = RequestDecoder::default();
         let mut requests = Vec::new();
-        while let Some(request) = next_request(&mut input)? {
+        while let Some(request) = decoder.next_request(&mut input)? {
             requests.push(request);
         }
         Ok(requests)
@@ -189,10 +227,11 @@ mod tests {
     fn requests_split_across_reads_and_coalesced_in_one() {
         let wire = b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n*1\r\n$4\r\nPING\r\n";
         let mut input = BytesMut::new();
+        let mut decoder = RequestDecoder::default();
         let mut requests = Vec::new();
         for byte in wire.iter() {
             input.extend_from_slice(&[*byte]);
-            while let Some(args) = next_request(&mut input).unwrap() {
+            while let Some(args) = decoder.next_request(&mut input).unwrap() {
                 requests.push(args);
             }
         }
@@ -262,13 +301,21 @@ mod tests {
             "ERR Protocol error: invalid multibulk length"
         );
         assert!(refused(b"*1\r\n$1\r\nab\r\n").contains("CRLF"));
-        // A request that would pass the size limit is refused before it all arrives.
+        // A request that would pass the size limit is refused before it all arrives, and
+        // also when it arrives all at once.
+        let mut whole = b"*2\r\n$1900000\r\n".to_vec();
+        whole.extend(std::iter::repeat_n(b'a', 1_900_000));
+        whole.extend_from_slice(b"\r\n$1900000\r\n");
+        whole.extend(std::iter::repeat_n(b'a', 1_900_000));
+        whole.extend_from_slice(b"\r\n");
+        assert!(refused(&whole).contains("at most"));
         let mut large = b"*2\r\n$1900000\r\n".to_vec();
         large.extend(std::iter::repeat_n(b'a', 1_900_000));
         large.extend_from_slice(b"\r\n$1900000\r\n");
         assert!(refused(&large).contains("at most"));
         // Announcing a million arguments reserves nothing for them.
         let mut input = BytesMut::from(&b"*1048576\r\n$1\r\na\r\n"[..]);
-        assert_eq!(next_request(&mut input).unwrap(), None);
+        let mut decoder = RequestDecoder::default();
+        assert_eq!(decoder.next_request(&mut input).unwrap(), None);
     }
 }

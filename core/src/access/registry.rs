@@ -58,23 +58,42 @@ fn insert_bounded<V>(
 }
 
 pub struct TokenRegistry {
+    lookups: Lookups,
+    throttle: FailedAuthThrottle,
+}
+
+/// What a lookup in the metadata store reads and updates; cheap to clone, so a lookup
+/// can run in the background.
+#[derive(Clone)]
+struct Lookups {
     metadata: Arc<dyn MetadataStore>,
-    cache: Mutex<VerifiedTokens>,
+    cache: Arc<Mutex<VerifiedTokens>>,
     /// Digests a lookup found no token for, and when: asked again only after `CACHE_TTL`,
     /// so a client repeating a bad token costs the metadata store nothing.
-    unknown: Mutex<HashMap<[u8; 32], Instant>>,
-    /// When a lookup last found the metadata store unavailable.
-    unavailable_at: Mutex<Option<Instant>>,
-    throttle: FailedAuthThrottle,
+    unknown: Arc<Mutex<HashMap<[u8; 32], Instant>>>,
+    /// When a lookup last found the metadata store unavailable (`None` once one succeeds).
+    unavailable_at: Arc<Mutex<Option<Instant>>>,
+}
+
+/// What to do about a token verified earlier whose verification is older than `CACHE_TTL`.
+enum Recheck {
+    /// Ask the metadata store now, and answer from what it says.
+    Now,
+    /// The store is away: answer from the cache, and ask it in the background.
+    InBackground,
+    /// The store is away and was asked moments ago: answer from the cache.
+    NotYet,
 }
 
 impl TokenRegistry {
     pub fn new(metadata: Arc<dyn MetadataStore>) -> TokenRegistry {
         TokenRegistry {
-            metadata,
-            cache: Mutex::new(HashMap::new()),
-            unknown: Mutex::new(HashMap::new()),
-            unavailable_at: Mutex::new(None),
+            lookups: Lookups {
+                metadata,
+                cache: Arc::default(),
+                unknown: Arc::default(),
+                unavailable_at: Arc::default(),
+            },
             throttle: FailedAuthThrottle::default(),
         }
     }
@@ -92,7 +111,7 @@ impl TokenRegistry {
         if self.is_known_unknown(&digest) {
             return Err(unknown_token());
         }
-        let known = self.cache.lock().contains_key(&digest);
+        let known = self.lookups.cache.lock().contains_key(&digest);
         if let Some(wait) = client
             .filter(|_| !known)
             .and_then(|c| self.throttle.wait_needed(c))
@@ -119,7 +138,8 @@ impl TokenRegistry {
 
     /// Whether a lookup of `digest` found no token within the last `CACHE_TTL`.
     fn is_known_unknown(&self, digest: &[u8; 32]) -> bool {
-        self.unknown
+        self.lookups
+            .unknown
             .lock()
             .get(digest)
             .is_some_and(|at| at.elapsed() < CACHE_TTL)
@@ -130,18 +150,22 @@ impl TokenRegistry {
     /// cache, up to `MAX_STALE_WHILE_UNAVAILABLE`, while the store is unavailable).
     /// Long-lived sessions call this as they go, so a revocation reaches them too.
     pub async fn verified(&self, digest: &[u8; 32]) -> Result<Arc<Principal>> {
-        let cached = self.cache.lock().get(digest).cloned();
+        let cached = self.lookups.cache.lock().get(digest).cloned();
         let principal = match cached {
             Some((principal, at)) if at.elapsed() < CACHE_TTL => principal,
             cached => {
                 let stale = cached
                     .filter(|(_, at)| at.elapsed() < MAX_STALE_WHILE_UNAVAILABLE)
                     .map(|(principal, _)| principal);
-                match stale {
-                    Some(principal) if !self.probe_now() => principal,
-                    stale => match self.look_up(digest).await {
+                match (stale, self.recheck()) {
+                    (Some(principal), Recheck::NotYet) => principal,
+                    (Some(principal), Recheck::InBackground) => {
+                        let (lookups, digest) = (self.lookups.clone(), *digest);
+                        tokio::spawn(async move { lookups.look_up(&digest).await });
+                        principal
+                    }
+                    (stale, _) => match self.lookups.look_up(digest).await {
                         Err(Error::Unavailable(why)) => {
-                            *self.unavailable_at.lock() = Some(Instant::now());
                             let Some(principal) = stale else {
                                 return Err(Error::Unavailable(why));
                             };
@@ -161,25 +185,33 @@ impl TokenRegistry {
         Ok(principal)
     }
 
-    /// Whether a lookup should be made now for a token this node verified earlier. While
-    /// the metadata store is known to be unavailable, one request per
-    /// `UNAVAILABLE_BACKOFF` probes it and the others use the cache at once, so requests
-    /// do not each wait for an answer that will not come.
-    fn probe_now(&self) -> bool {
-        let mut unavailable_at = self.unavailable_at.lock();
+    /// How to recheck a token verified earlier. While the metadata store is known to be
+    /// unavailable, it is asked again once per `UNAVAILABLE_BACKOFF`, in the background,
+    /// and requests are answered from the cache meanwhile: none waits for an answer that
+    /// will not come.
+    fn recheck(&self) -> Recheck {
+        let mut unavailable_at = self.lookups.unavailable_at.lock();
         match *unavailable_at {
-            None => true,
-            Some(at) if at.elapsed() < UNAVAILABLE_BACKOFF => false,
+            None => Recheck::Now,
+            Some(at) if at.elapsed() < UNAVAILABLE_BACKOFF => Recheck::NotYet,
             Some(_) => {
                 *unavailable_at = Some(Instant::now());
-                true
+                Recheck::InBackground
             }
         }
     }
+}
 
+impl Lookups {
     /// Asks the metadata store for the token with this digest, and caches the answer.
     async fn look_up(&self, digest: &[u8; 32]) -> Result<Arc<Principal>> {
-        let found = self.metadata.access_token_by_digest(digest).await?;
+        let found = match self.metadata.access_token_by_digest(digest).await {
+            Err(err @ Error::Unavailable(_)) => {
+                *self.unavailable_at.lock() = Some(Instant::now());
+                return Err(err);
+            }
+            found => found?,
+        };
         *self.unavailable_at.lock() = None;
         let Some((info, _)) = found
             .filter(|(_, stored)| subtle::ConstantTimeEq::ct_eq(&stored[..], &digest[..]).into())
@@ -193,7 +225,9 @@ impl TokenRegistry {
         insert_bounded(&mut self.cache.lock(), *digest, verified, |(_, at)| *at);
         Ok(principal)
     }
+}
 
+impl TokenRegistry {
     /// Issues `info` on behalf of `issuer`; returns the secret, the only time it exists
     /// outside the client.
     pub(crate) async fn issue(
@@ -203,22 +237,24 @@ impl TokenRegistry {
     ) -> Result<String> {
         super::check_issue(issuer, &mut info)?;
         let secret = secret::generate();
-        self.metadata
+        self.lookups
+            .metadata
             .put_access_token(&info, &secret::digest(&secret), false)
             .await?;
         Ok(secret)
     }
 
     pub(crate) async fn list(&self, range: &ListRange) -> Result<ListPage<AccessTokenInfo>> {
-        self.metadata.list_access_tokens(range).await
+        self.lookups.metadata.list_access_tokens(range).await
     }
 
     pub(crate) async fn revoke(&self, id: &str) -> Result<()> {
-        if !self.metadata.delete_access_token(id).await? {
+        if !self.lookups.metadata.delete_access_token(id).await? {
             return Err(Error::AccessTokenNotFound(id.to_owned()));
         }
         // This node stops honouring it at once; others within CACHE_TTL.
-        self.cache
+        self.lookups
+            .cache
             .lock()
             .retain(|_, (principal, _)| principal.token_id() != id);
         Ok(())
@@ -227,6 +263,7 @@ impl TokenRegistry {
     /// Whether the root token (full access, no expiry) exists.
     pub async fn has_root(&self) -> Result<bool> {
         let page = self
+            .lookups
             .metadata
             .list_access_tokens(&ListRange {
                 prefix: ROOT_TOKEN_ID.into(),
@@ -252,12 +289,13 @@ impl TokenRegistry {
             auto_prefix_streams: false,
             scope: Scope::everything(),
         };
-        self.metadata
+        self.lookups
+            .metadata
             .put_access_token(&root, &secret::digest(secret), !only_if_absent)
             .await?;
         // An earlier root secret stops working here at once, and a new one works at once.
-        self.cache.lock().clear();
-        self.unknown.lock().clear();
+        self.lookups.cache.lock().clear();
+        self.lookups.unknown.lock().clear();
         Ok(())
     }
 }

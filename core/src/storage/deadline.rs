@@ -38,25 +38,37 @@ impl Deadlines {
     }
 }
 
-async fn within<T>(
+/// Runs `call` with a deadline; past it, the call is dropped (its connection too, so a
+/// retry starts afresh) and the answer is `Unavailable`, naming what got no answer.
+pub(crate) async fn within<T>(
     deadline: Duration,
-    what: &str,
+    unanswered: impl FnOnce() -> String,
     call: impl Future<Output = Result<T>>,
 ) -> Result<T> {
     tokio::time::timeout(deadline, call)
         .await
         .unwrap_or_else(|_| {
             Err(Error::Unavailable(format!(
-                "metadata store: no answer to {what} within {} s",
+                "{}: no answer within {} s",
+                unanswered(),
                 deadline.as_secs()
             )))
         })
 }
 
+/// A metadata call within `deadline`.
+async fn metadata_call<T>(
+    deadline: Duration,
+    what: &'static str,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    within(deadline, || format!("metadata store, {what}"), call).await
+}
+
 #[async_trait]
 impl MetadataStore for Deadlines {
     async fn create_basin(&self, basin: BasinRecord) -> Result<Created<BasinRecord>> {
-        within(
+        metadata_call(
             REQUEST_DEADLINE,
             "creating a basin",
             self.store.create_basin(basin),
@@ -65,7 +77,7 @@ impl MetadataStore for Deadlines {
     }
 
     async fn get_basin(&self, name: &BasinName) -> Result<Option<BasinRecord>> {
-        within(
+        metadata_call(
             REQUEST_DEADLINE,
             "reading a basin",
             self.store.get_basin(name),
@@ -74,7 +86,7 @@ impl MetadataStore for Deadlines {
     }
 
     async fn list_basins(&self, range: &ListRange) -> Result<ListPage<BasinRecord>> {
-        within(
+        metadata_call(
             REQUEST_DEADLINE,
             "listing basins",
             self.store.list_basins(range),
@@ -84,16 +96,16 @@ impl MetadataStore for Deadlines {
 
     async fn set_basin_config(&self, name: &BasinName, config: &BasinConfig) -> Result<()> {
         let call = self.store.set_basin_config(name, config);
-        within(REQUEST_DEADLINE, "reconfiguring a basin", call).await
+        metadata_call(REQUEST_DEADLINE, "reconfiguring a basin", call).await
     }
 
     async fn mark_basin_deleted(&self, name: &BasinName, at: OffsetDateTime) -> Result<()> {
         let call = self.store.mark_basin_deleted(name, at);
-        within(REQUEST_DEADLINE, "deleting a basin", call).await
+        metadata_call(REQUEST_DEADLINE, "deleting a basin", call).await
     }
 
     async fn remove_basin(&self, name: &BasinName) -> Result<()> {
-        within(
+        metadata_call(
             REQUEST_DEADLINE,
             "removing a basin",
             self.store.remove_basin(name),
@@ -102,7 +114,7 @@ impl MetadataStore for Deadlines {
     }
 
     async fn create_stream(&self, stream: StreamRecord) -> Result<Created<StreamRecord>> {
-        within(
+        metadata_call(
             REQUEST_DEADLINE,
             "creating a stream",
             self.store.create_stream(stream),
@@ -116,7 +128,7 @@ impl MetadataStore for Deadlines {
         name: &StreamName,
     ) -> Result<Option<StreamRecord>> {
         let call = self.store.get_stream(basin, name);
-        within(REQUEST_DEADLINE, "reading a stream", call).await
+        metadata_call(REQUEST_DEADLINE, "reading a stream", call).await
     }
 
     async fn list_streams(
@@ -125,21 +137,21 @@ impl MetadataStore for Deadlines {
         range: &ListRange,
     ) -> Result<ListPage<StreamRecord>> {
         let call = self.store.list_streams(basin, range);
-        within(REQUEST_DEADLINE, "listing streams", call).await
+        metadata_call(REQUEST_DEADLINE, "listing streams", call).await
     }
 
     async fn set_stream_config(&self, id: u64, config: &StreamConfig) -> Result<()> {
         let call = self.store.set_stream_config(id, config);
-        within(REQUEST_DEADLINE, "reconfiguring a stream", call).await
+        metadata_call(REQUEST_DEADLINE, "reconfiguring a stream", call).await
     }
 
     async fn mark_stream_deleted(&self, id: u64, at: OffsetDateTime) -> Result<()> {
         let call = self.store.mark_stream_deleted(id, at);
-        within(REQUEST_DEADLINE, "deleting a stream", call).await
+        metadata_call(REQUEST_DEADLINE, "deleting a stream", call).await
     }
 
     async fn remove_stream(&self, id: u64) -> Result<()> {
-        within(
+        metadata_call(
             REQUEST_DEADLINE,
             "removing a stream",
             self.store.remove_stream(id),
@@ -149,11 +161,11 @@ impl MetadataStore for Deadlines {
 
     async fn pending_deletions(&self) -> Result<(Vec<StreamRecord>, Vec<BasinName>)> {
         let call = self.store.pending_deletions();
-        within(BULK_DEADLINE, "listing pending deletions", call).await
+        metadata_call(BULK_DEADLINE, "listing pending deletions", call).await
     }
 
     async fn live_streams(&self) -> Result<Vec<StreamRecord>> {
-        within(
+        metadata_call(
             BULK_DEADLINE,
             "listing live streams",
             self.store.live_streams(),
@@ -162,7 +174,7 @@ impl MetadataStore for Deadlines {
     }
 
     async fn stream_is_live(&self, id: u64) -> Result<bool> {
-        within(
+        metadata_call(
             REQUEST_DEADLINE,
             "checking a stream",
             self.store.stream_is_live(id),
@@ -171,7 +183,7 @@ impl MetadataStore for Deadlines {
     }
 
     async fn next_epoch(&self) -> Result<u64> {
-        within(REQUEST_DEADLINE, "taking an epoch", self.store.next_epoch()).await
+        metadata_call(REQUEST_DEADLINE, "taking an epoch", self.store.next_epoch()).await
     }
 
     async fn commit_compaction(
@@ -180,16 +192,16 @@ impl MetadataStore for Deadlines {
         obsolete_after: OffsetDateTime,
     ) -> Result<()> {
         let call = self.store.commit_compaction(commit, obsolete_after);
-        within(BULK_DEADLINE, "committing a compaction round", call).await
+        metadata_call(BULK_DEADLINE, "committing a compaction round", call).await
     }
 
     async fn stream_checkpoints(&self) -> Result<BTreeMap<u64, StreamCheckpoint>> {
         let call = self.store.stream_checkpoints();
-        within(BULK_DEADLINE, "reading stream checkpoints", call).await
+        metadata_call(BULK_DEADLINE, "reading stream checkpoints", call).await
     }
 
     async fn wal_watermarks(&self) -> Result<BTreeMap<u64, u64>> {
-        within(
+        metadata_call(
             BULK_DEADLINE,
             "reading WAL watermarks",
             self.store.wal_watermarks(),
@@ -199,7 +211,7 @@ impl MetadataStore for Deadlines {
 
     async fn segment_at(&self, stream_id: u64, seq_num: u64) -> Result<Option<SegmentRecord>> {
         let call = self.store.segment_at(stream_id, seq_num);
-        within(REQUEST_DEADLINE, "looking up a segment", call).await
+        metadata_call(REQUEST_DEADLINE, "looking up a segment", call).await
     }
 
     async fn segment_at_timestamp(
@@ -208,7 +220,7 @@ impl MetadataStore for Deadlines {
         timestamp: u64,
     ) -> Result<Option<SegmentRecord>> {
         let call = self.store.segment_at_timestamp(stream_id, timestamp);
-        within(REQUEST_DEADLINE, "looking up a segment", call).await
+        metadata_call(REQUEST_DEADLINE, "looking up a segment", call).await
     }
 
     async fn drop_segments(
@@ -226,17 +238,17 @@ impl MetadataStore for Deadlines {
             limit,
             obsolete_after,
         );
-        within(REQUEST_DEADLINE, "dropping segments", call).await
+        metadata_call(REQUEST_DEADLINE, "dropping segments", call).await
     }
 
     async fn obsolete_objects(&self, now: OffsetDateTime, limit: usize) -> Result<Vec<String>> {
         let call = self.store.obsolete_objects(now, limit);
-        within(REQUEST_DEADLINE, "listing obsolete objects", call).await
+        metadata_call(REQUEST_DEADLINE, "listing obsolete objects", call).await
     }
 
     async fn forget_obsolete_objects(&self, keys: &[String]) -> Result<()> {
         let call = self.store.forget_obsolete_objects(keys);
-        within(REQUEST_DEADLINE, "forgetting obsolete objects", call).await
+        metadata_call(REQUEST_DEADLINE, "forgetting obsolete objects", call).await
     }
 
     async fn put_access_token(
@@ -246,7 +258,7 @@ impl MetadataStore for Deadlines {
         replace: bool,
     ) -> Result<()> {
         let call = self.store.put_access_token(token, secret_digest, replace);
-        within(REQUEST_DEADLINE, "storing an access token", call).await
+        metadata_call(REQUEST_DEADLINE, "storing an access token", call).await
     }
 
     async fn access_token_by_digest(
@@ -254,17 +266,17 @@ impl MetadataStore for Deadlines {
         digest: &[u8],
     ) -> Result<Option<(AccessTokenInfo, Vec<u8>)>> {
         let call = self.store.access_token_by_digest(digest);
-        within(REQUEST_DEADLINE, "looking up an access token", call).await
+        metadata_call(REQUEST_DEADLINE, "looking up an access token", call).await
     }
 
     async fn list_access_tokens(&self, range: &ListRange) -> Result<ListPage<AccessTokenInfo>> {
         let call = self.store.list_access_tokens(range);
-        within(REQUEST_DEADLINE, "listing access tokens", call).await
+        metadata_call(REQUEST_DEADLINE, "listing access tokens", call).await
     }
 
     async fn delete_access_token(&self, id: &str) -> Result<bool> {
         let call = self.store.delete_access_token(id);
-        within(REQUEST_DEADLINE, "revoking an access token", call).await
+        metadata_call(REQUEST_DEADLINE, "revoking an access token", call).await
     }
 }
 
@@ -274,18 +286,18 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_call_without_an_answer_ends_as_unavailable() {
-        let silent = within(
+        let silent = metadata_call(
             REQUEST_DEADLINE,
             "a test call",
             std::future::pending::<Result<()>>(),
         );
         match silent.await {
             Err(Error::Unavailable(message)) => {
-                assert!(message.contains("within 5 s"), "{message}")
+                assert_eq!(message, "metadata store, a test call: no answer within 5 s")
             }
             other => panic!("expected Unavailable, got {other:?}"),
         }
-        let prompt = within(REQUEST_DEADLINE, "a test call", async { Ok(7) });
+        let prompt = metadata_call(REQUEST_DEADLINE, "a test call", async { Ok(7) });
         assert_eq!(prompt.await.unwrap(), 7);
     }
 }

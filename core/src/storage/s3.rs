@@ -173,23 +173,15 @@ fn request_deadline(bytes: usize) -> Duration {
     BASE + Duration::from_secs_f64(bytes as f64 / SLOWEST_BYTES_PER_SEC)
 }
 
-/// Runs one S3 request with its deadline; an expired one is `Unavailable`, and is
-/// cancelled (its connection dropped), so a retry starts afresh.
+/// Runs one S3 request with its deadline (see `request_deadline`).
 async fn bounded<T>(
     what: &str,
     key: &str,
     bytes: usize,
     request: impl std::future::Future<Output = Result<T>>,
 ) -> Result<T> {
-    let deadline = request_deadline(bytes);
-    tokio::time::timeout(deadline, request)
-        .await
-        .unwrap_or_else(|_| {
-            Err(Error::Unavailable(format!(
-                "S3 {what} `{key}`: no answer within {} s",
-                deadline.as_secs()
-            )))
-        })
+    let unanswered = || format!("S3 {what} `{key}`");
+    super::deadline::within(request_deadline(bytes), unanswered, request).await
 }
 
 /// What a whole-object read is assumed to move when its size is not known: the largest

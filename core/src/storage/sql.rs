@@ -369,12 +369,12 @@ fn db(err: sqlx::Error) -> Error {
         sqlx::Error::Database(e) => e.code().is_some_and(|code| {
             // PostgreSQL: connection exceptions (08), serialization failures and
             // deadlocks (40), insufficient resources (53), operator intervention such
-            // as a shutdown (57). SQLite: busy (5) and locked (6).
+            // as a shutdown (57). SQLite: busy (5) and locked (6), reported as extended
+            // codes (at most 4 digits, unlike SQLSTATEs) whose low byte is the primary one.
             ["08", "40", "53", "57"]
                 .iter()
                 .any(|class| code.starts_with(class))
-                || code == "5"
-                || code == "6"
+                || (code.len() < 5 && code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6)))
         }),
         _ => false,
     };

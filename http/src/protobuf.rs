@@ -1,11 +1,13 @@
-//! Just enough of the protobuf wire format to take an export request apart without
-//! decoding it: the resource groups, scopes and items are cut out of the request as the
-//! exact bytes the client sent, so a record stores them unchanged (unknown fields too).
+//! Just enough of the protobuf wire format to walk a message's fields without decoding
+//! it: OTLP cuts resource groups, scopes and items out of an export request as the exact
+//! bytes the client sent (unknown fields too), and the REST API counts what an
+//! `AppendInput` holds before it lets a decoder allocate for it. Fields are produced one
+//! at a time, so walking a message costs no memory whatever it holds.
 
 use bytes::{BufMut, Bytes};
 
 /// One field of a message, as it appears on the wire.
-pub(crate) struct Field {
+pub struct Field {
     pub number: u32,
     /// Whether it is length-delimited (a message, string or bytes).
     pub is_len: bool,
@@ -20,14 +22,39 @@ const FIXED64: u8 = 1;
 const LEN: u8 = 2;
 const FIXED32: u8 = 5;
 
-/// Splits a message into its fields; fails on anything that is not well-formed
-/// protobuf (truncation, bad varints, the deprecated group wire types).
-pub(crate) fn fields(message: &Bytes) -> Result<Vec<Field>, String> {
-    let mut fields = Vec::new();
-    let mut at = 0;
-    while at < message.len() {
-        let start = at;
-        let tag = read_varint(message, &mut at)?;
+/// The fields of a message, in order; an item is an error (and the last) on anything
+/// that is not well-formed protobuf (truncation, bad varints, the deprecated group wire
+/// types).
+pub fn fields(message: &Bytes) -> Fields<'_> {
+    Fields { message, at: 0 }
+}
+
+pub struct Fields<'a> {
+    message: &'a Bytes,
+    at: usize,
+}
+
+impl Iterator for Fields<'_> {
+    type Item = Result<Field, String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at >= self.message.len() {
+            return None;
+        }
+        let field = self.read();
+        if field.is_err() {
+            self.at = self.message.len(); // nothing after an error can be trusted
+        }
+        Some(field)
+    }
+}
+
+impl Fields<'_> {
+    fn read(&mut self) -> Result<Field, String> {
+        let message = self.message;
+        let at = &mut self.at;
+        let start = *at;
+        let tag = read_varint(message, at)?;
         let number = u32::try_from(tag >> 3)
             .ok()
             .filter(|n| *n > 0)
@@ -35,15 +62,15 @@ pub(crate) fn fields(message: &Bytes) -> Result<Vec<Field>, String> {
         let wire_type = (tag & 7) as u8;
         let (payload_start, end) = match wire_type {
             VARINT => {
-                read_varint(message, &mut at)?;
-                (at, at)
+                read_varint(message, at)?;
+                (*at, *at)
             }
-            FIXED64 => (at + 8, at + 8),
-            FIXED32 => (at + 4, at + 4),
+            FIXED64 => (*at + 8, *at + 8),
+            FIXED32 => (*at + 4, *at + 4),
             LEN => {
-                let len = usize::try_from(read_varint(message, &mut at)?)
+                let len = usize::try_from(read_varint(message, at)?)
                     .map_err(|_| "length out of range")?;
-                (at, at.checked_add(len).ok_or("length out of range")?)
+                (*at, at.checked_add(len).ok_or("length out of range")?)
             }
             other => return Err(format!("unsupported wire type {other}")),
         };
@@ -55,15 +82,14 @@ pub(crate) fn fields(message: &Bytes) -> Result<Vec<Field>, String> {
         } else {
             Bytes::new()
         };
-        fields.push(Field {
+        *at = end;
+        Ok(Field {
             number,
             is_len: wire_type == LEN,
             raw: message.slice(start..end),
             payload,
-        });
-        at = end;
+        })
     }
-    Ok(fields)
 }
 
 fn read_varint(buf: &[u8], at: &mut usize) -> Result<u64, String> {
@@ -80,7 +106,7 @@ fn read_varint(buf: &[u8], at: &mut usize) -> Result<u64, String> {
 }
 
 /// Appends a length-delimited field `number` holding `payload`.
-pub(crate) fn put_len_field(out: &mut Vec<u8>, number: u32, payload: &[u8]) {
+pub fn put_len_field(out: &mut Vec<u8>, number: u32, payload: &[u8]) {
     put_varint(out, u64::from(number) << 3 | u64::from(LEN));
     put_varint(out, payload.len() as u64);
     out.put_slice(payload);
@@ -105,7 +131,7 @@ mod tests {
         message.extend_from_slice(&[0x10, 0x96, 0x01]); // field 2, varint 150
         put_len_field(&mut message, 1, &vec![7u8; 300]);
         let message = Bytes::from(message);
-        let fields = fields(&message).unwrap();
+        let fields: Vec<Field> = fields(&message).collect::<Result<_, _>>().unwrap();
         assert_eq!(
             fields.iter().map(|f| f.number).collect::<Vec<_>>(),
             [1, 2, 1]
@@ -128,7 +154,9 @@ mod tests {
                 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
             ][..],
         ] {
-            assert!(fields(&Bytes::copy_from_slice(bad)).is_err(), "{bad:?}");
+            let bad = Bytes::copy_from_slice(bad);
+            let walked: Result<Vec<Field>, String> = fields(&bad).collect();
+            assert!(walked.is_err(), "{bad:?}");
         }
     }
 }
