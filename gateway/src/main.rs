@@ -1,9 +1,6 @@
 //! The `streamgate` binary: configuration, start-up, serving and draining.
 
-mod api;
-mod cli;
-mod server;
-mod tls;
+use streamgate::{api, cli, server, tls};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +26,7 @@ async fn main() {
     // A panic ends only the task (request, session or connection) it happened in; say so
     // in the log, where the operator looks.
     std::panic::set_hook(Box::new(|panic| {
-        tracing::error!(%panic, "a task panicked; the request or connection it served ended, everything else goes on");
+        tracing::error!(%panic, "a task panicked: the request, session or connection it served has ended");
     }));
     raise_open_files_limit();
     if let Err(err) = run(args).await {
@@ -183,8 +180,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ))
     });
     let app = api::router(engine.clone(), drain);
+    let draining = engine.clone();
     let shutdown = async move {
         shutdown_signal().await;
+        draining.begin_drain();
         // Sessions see this first: append sessions acknowledge what they accepted and end
         // with `server_draining`, read sessions end.
         let _ = start_drain.send(true);
@@ -253,6 +252,7 @@ fn print_banner(
         settings.compaction_interval.as_millis(),
         settings.reap_interval.as_secs()
     );
+    println!("  operations:    {endpoint}/health (liveness), {endpoint}/ready (readiness: 503 and why while appends cannot be made durable)");
     println!("Point the s2 CLI and SDKs at it:");
     println!("  export S2_ACCOUNT_ENDPOINT={endpoint}");
     println!("  export S2_BASIN_ENDPOINT={endpoint}");

@@ -14,7 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use streamgate_core::connections::{ConnectionSlot, ConnectionSlots};
+use streamgate_core::connections::{self, ConnectionSlot, ConnectionSlots, HANDSHAKE_TIMEOUT};
 use streamgate_http::ClientAddress;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -23,11 +23,10 @@ use tokio_rustls::TlsAcceptor;
 /// connection is limited by the disk, not by window updates.
 const STREAM_WINDOW: u32 = 8 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
-/// How long a new connection may take to complete its TLS handshake, or (in cleartext)
-/// to send the first bytes that tell HTTP/1.1 from HTTP/2.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an HTTP/1.1 request's headers may take to arrive.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an HTTP/1.1 request's headers may take to arrive; hyper also counts the
+/// idle time before a kept-alive connection's next request in it, so this is the idle
+/// timeout of HTTP/1.1 connections too (HTTP/2 ones are watched by keep-alive pings).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most bytes of headers in one request, and (HTTP/1.1) most header fields.
 const MAX_HEADER_BYTES: u32 = 64 * 1024;
 const MAX_HEADER_FIELDS: usize = 100;
@@ -89,7 +88,7 @@ pub async fn serve(
                     }
                 };
                 let Some(slot) = connections.take("HTTP") else {
-                    tokio::spawn(refuse(socket));
+                    tokio::spawn(async move { connections::refuse(socket, refusal().as_bytes()).await });
                     continue;
                 };
                 let _ = socket.set_nodelay(true);
@@ -155,12 +154,17 @@ fn service_for(
 async fn speaks_within_deadline(socket: &TcpStream) -> bool {
     let looked = async {
         let mut head = [0u8; H2_PREFACE.len()];
+        let mut pause = Duration::from_millis(1);
         loop {
             match socket.peek(&mut head).await {
                 Ok(0) | Err(_) => return false,
                 Ok(n) if n == head.len() || head[..n] != H2_PREFACE[..n] => return true,
-                // A partial preface: wait for the rest without spinning.
-                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                // A partial preface (peek would report the same bytes at once): look
+                // again later, less and less often, so stalled clients cost little.
+                Ok(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
             }
         }
     };
@@ -169,18 +173,11 @@ async fn speaks_within_deadline(socket: &TcpStream) -> bool {
         .unwrap_or(false)
 }
 
-/// Answers a connection over the limit with a `503` (readable by HTTP/1.1 clients) and
-/// closes it.
-async fn refuse(mut socket: TcpStream) {
-    use tokio::io::AsyncWriteExt;
+/// A `503` (readable by HTTP/1.1 clients) for a connection over the limit.
+fn refusal() -> String {
     let body = r#"{"code":"unavailable","message":"the server has as many connections open as it allows (--max-connections); retry shortly"}"#;
-    let response = format!(
+    format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
-    );
-    let _ = tokio::time::timeout(
-        Duration::from_secs(1),
-        socket.write_all(response.as_bytes()),
     )
-    .await;
 }

@@ -8,13 +8,15 @@ pub mod command;
 mod connection;
 pub mod entry;
 mod exec;
+#[cfg(feature = "fuzz")]
+pub mod fuzz;
 pub mod reply;
 pub mod request;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use streamgate_core::connections::ConnectionSlots;
+use streamgate_core::connections::{self, ConnectionSlots, HANDSHAKE_TIMEOUT};
 use streamgate_core::names::BasinName;
 use streamgate_core::Engine;
 use tokio::net::TcpListener;
@@ -27,9 +29,6 @@ pub struct RespSettings {
     /// Basin for plain-TCP connections whose AUTH names none (username `default` or none).
     pub default_basin: Option<BasinName>,
 }
-
-/// How long a TLS client may take to finish its handshake.
-const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Who is on the other end of a connection.
 #[derive(Debug, Clone, Copy)]
@@ -64,7 +63,9 @@ pub async fn serve(
             _ = stopped(&mut shutdown) => return,
         };
         let Some(slot) = connections.take("RESP") else {
-            tokio::spawn(refuse(socket));
+            // As Redis says it.
+            let reply = b"-ERR max number of clients reached (--max-connections)\r\n";
+            tokio::spawn(connections::refuse(socket, reply));
             continue;
         };
         let _ = socket.set_nodelay(true);
@@ -117,13 +118,6 @@ pub async fn serve(
             drop(slot);
         });
     }
-}
-
-/// Tells a connection over the limit why it is closed, as Redis does, and closes it.
-async fn refuse(mut socket: tokio::net::TcpStream) {
-    use tokio::io::AsyncWriteExt;
-    let reply = b"-ERR max number of clients reached (--max-connections)\r\n";
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), socket.write_all(reply)).await;
 }
 
 /// Resolves once `shutdown` turns true (holding no borrow of it afterwards).

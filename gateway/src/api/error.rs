@@ -130,7 +130,7 @@ impl From<Error> for ApiError {
 impl From<streamgate_http::BodyError> for ApiError {
     fn from(err: streamgate_http::BodyError) -> Self {
         match err {
-            streamgate_http::BodyError::TimedOut => {
+            streamgate_http::BodyError::TimedOut(_) => {
                 Self::standard(StatusCode::REQUEST_TIMEOUT, "request_timeout", err)
             }
             _ => Self::bad_json(err),

@@ -9,6 +9,7 @@ use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 use streamgate_core::config::StreamConfig;
 use streamgate_core::names::{BasinName, StreamName};
+use streamgate_core::record;
 use streamgate_core::{Caller, Engine};
 
 use super::error::ApiError;
@@ -123,28 +124,140 @@ pub fn json_body<T: DeserializeOwned>(
             ));
         }
     }
-    let value: serde_json::Value = serde_json::from_slice(body)
+    // Straight into `T` (never through a `serde_json::Value`, which takes tens of times
+    // the body's size for a body of many small values), after a first pass that keeps
+    // nothing and counts what a decoder would allocate for.
+    let shape = serde_json::from_slice::<BodyShape>(body)
         .map_err(|e| ApiError::bad_json(format!("invalid JSON: {e}")))?;
-    if value.is_null() {
-        return Ok(None);
-    }
-    reject_encryption(&value)?;
-    serde_json::from_value(value)
-        .map(Some)
-        .map_err(|e| ApiError::bad_json(format!("invalid request body: {e}")))
-}
-
-/// Encryption is not offered yet: refuse a request for it rather than silently store
-/// plaintext.
-fn reject_encryption(value: &serde_json::Value) -> Result<(), ApiError> {
-    let asks = |v: Option<&serde_json::Value>| v.is_some_and(|v| !v.is_null());
-    let config = value.get("config").unwrap_or(value);
-    if asks(value.get("stream_cipher")) || asks(config.get("stream_cipher")) {
+    if shape.asks_for_encryption {
+        // Encryption is not offered yet: refuse a request for it rather than silently
+        // store plaintext.
         return Err(ApiError::not_implemented(
             "stream encryption (`stream_cipher`)",
         ));
     }
-    Ok(())
+    if let Some(records) = shape.records {
+        record::check_record_count(records)?;
+        record::check_header_count(shape.headers)?;
+    }
+    if body.trim_ascii() == b"null" {
+        return Ok(None);
+    }
+    serde_json::from_slice(body)
+        .map(Some)
+        .map_err(|e| ApiError::bad_json(format!("invalid request body: {e}")))
+}
+
+/// What a JSON body holds, found without keeping any of it: whether it sets
+/// `stream_cipher` (at its top level or in its `config`), and how many `records` (and
+/// headers in them) an append holds.
+#[derive(Default)]
+struct BodyShape {
+    asks_for_encryption: bool,
+    records: Option<usize>,
+    headers: usize,
+}
+
+impl<'de> serde::Deserialize<'de> for BodyShape {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ShapeOf::Body)
+    }
+}
+
+/// Which part of a body is being looked at.
+#[derive(Clone, Copy)]
+enum ShapeOf {
+    Body,
+    Config,
+    Records,
+    Record,
+    Headers,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ShapeOf {
+    type Value = BodyShape;
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<BodyShape, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ShapeOf {
+    type Value = BodyShape;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<BodyShape, A::Error> {
+        use serde::de::IgnoredAny;
+        let mut shape = BodyShape::default();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match (self, key.as_ref()) {
+                (ShapeOf::Body | ShapeOf::Config, "stream_cipher") => {
+                    shape.asks_for_encryption |= map.next_value::<Option<IgnoredAny>>()?.is_some();
+                }
+                (ShapeOf::Body, "config") => {
+                    let config = map.next_value_seed(ShapeOf::Config)?;
+                    shape.asks_for_encryption |= config.asks_for_encryption;
+                }
+                (ShapeOf::Body, "records") => {
+                    let records = map.next_value_seed(ShapeOf::Records)?;
+                    shape.records = records.records;
+                    shape.headers = records.headers;
+                }
+                (ShapeOf::Record, "headers") => {
+                    shape.headers += map.next_value_seed(ShapeOf::Headers)?.headers;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(shape)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<BodyShape, A::Error> {
+        let mut shape = BodyShape::default();
+        match self {
+            ShapeOf::Records => {
+                let mut records = 0;
+                while let Some(record) = seq.next_element_seed(ShapeOf::Record)? {
+                    records += 1;
+                    shape.headers += record.headers;
+                }
+                shape.records = Some(records);
+            }
+            ShapeOf::Headers => {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    shape.headers += 1;
+                }
+            }
+            _ => while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {},
+        }
+        Ok(shape)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<BodyShape, E> {
+        Ok(BodyShape::default())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<BodyShape, E> {
+        Ok(BodyShape::default())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<BodyShape, E> {
+        Ok(BodyShape::default())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<BodyShape, E> {
+        Ok(BodyShape::default())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<BodyShape, E> {
+        Ok(BodyShape::default())
+    }
+    fn visit_unit<E>(self) -> Result<BodyShape, E> {
+        Ok(BodyShape::default())
+    }
 }
 
 /// The engine as the request's access token allows: `Authorization: Bearer <token>`,

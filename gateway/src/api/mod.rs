@@ -2,10 +2,10 @@
 
 mod basins;
 pub(crate) mod error;
-mod extract;
+pub(crate) mod extract;
 pub(crate) mod json;
 pub(crate) mod proto;
-mod records;
+pub(crate) mod records;
 pub mod sessions;
 mod streams;
 mod tokens;

@@ -2,8 +2,12 @@
 //! numbers, and their conversions to and from the engine's types.
 
 use bytes::Bytes;
+use prost::Message;
 use streamgate_core::read::ReadBatch as CoreReadBatch;
 use streamgate_core::record::{self, AppendAck as CoreAppendAck};
+use streamgate_http::protobuf;
+
+use super::error::ApiError;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct StreamPosition {
@@ -98,6 +102,31 @@ fn wire_headers(headers: Vec<record::Header>) -> Vec<Header> {
             value: h.value,
         })
         .collect()
+}
+
+/// Decodes an `AppendInput` (a unary body or a session's message). What it holds is
+/// counted on the wire first: a decoded record or header takes tens of times the bytes
+/// of an empty one's encoding, so the counts are bounded before the decoder allocates.
+pub fn decode_append_input(message: Bytes) -> Result<record::AppendInput, ApiError> {
+    let malformed = |e: String| ApiError::bad_proto(format!("invalid AppendInput: {e}"));
+    let (mut records, mut headers) = (0usize, 0usize);
+    for field in protobuf::fields(&message) {
+        let field = field.map_err(malformed)?;
+        if field.number != 1 || !field.is_len {
+            continue;
+        }
+        records += 1;
+        if records > record::MAX_BATCH_RECORDS {
+            break;
+        }
+        for field in protobuf::fields(&field.payload) {
+            headers += usize::from(field.map_err(malformed)?.number == 2);
+        }
+        record::check_header_count(headers)?;
+    }
+    record::check_record_count(records)?;
+    let input = AppendInput::decode(message).map_err(|e| malformed(e.to_string()))?;
+    Ok(input.into())
 }
 
 impl From<AppendInput> for record::AppendInput {

@@ -86,9 +86,7 @@ pub async fn append(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json");
     let input = if is_protobuf(content_type) {
-        proto::AppendInput::decode(body)
-            .map_err(|e| ApiError::bad_proto(format!("invalid AppendInput: {e}")))?
-            .into()
+        proto::decode_append_input(body)?
     } else {
         let format = Format::from_headers(&headers)?;
         let input: AppendInputJson = super::extract::json_body(&headers, &body)?
@@ -119,7 +117,7 @@ pub struct ReadQuery {
 }
 
 impl ReadQuery {
-    fn request(&self) -> ApiResult<ReadRequest> {
+    pub(crate) fn request(&self) -> ApiResult<ReadRequest> {
         if self.wait.is_some_and(|wait| wait > i32::MAX as u64) {
             return Err(ApiError::bad_query(
                 "`wait` must be at most 2147483647 seconds",

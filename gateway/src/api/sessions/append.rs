@@ -9,7 +9,6 @@ use axum::http::{header, StatusCode};
 use axum::response::Response;
 use futures::stream::{FuturesOrdered, StreamExt};
 use futures::FutureExt;
-use prost::Message;
 use streamgate_core::config::StreamConfig;
 use streamgate_core::names::{BasinName, StreamName};
 use streamgate_core::{Caller, Error};
@@ -155,8 +154,7 @@ impl AppendSession {
     }
 
     async fn submit(&mut self, message: Bytes) -> Result<streamgate_core::PendingAck, ApiError> {
-        let input = proto::AppendInput::decode(message)
-            .map_err(|e| ApiError::bad_proto(format!("invalid AppendInput: {e}")))?;
+        let input = proto::decode_append_input(message)?;
         // A token revoked or expired while the session is open stops it here.
         self.caller.still_valid().await?;
         Ok(self
@@ -164,7 +162,7 @@ impl AppendSession {
             .submit_append(
                 &self.basin,
                 &self.stream,
-                input.into(),
+                input,
                 self.create_config.as_ref(),
             )
             .await?)

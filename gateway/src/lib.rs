@@ -1,0 +1,10 @@
+//! The streamgate server: the S2 REST API and sessions (`api`), the HTTP listener
+//! (`server`), TLS, and the command line (`cli`). The binary (`main.rs`) wires them to
+//! the engine and the RESP and OTLP front ends; `fuzz` holds the fuzzers' entry points.
+
+pub mod api;
+pub mod cli;
+#[cfg(feature = "fuzz")]
+pub mod fuzz;
+pub mod server;
+pub mod tls;
