@@ -55,11 +55,16 @@ test("a following read session delivers records appended later", async () => {
 	const stream = basin.stream("followed");
 	const reads = await stream.readSession({ start: { from: { seqNum: 0 } } });
 	const iterator = reads[Symbol.asyncIterator]();
-	setTimeout(() => {
-		stream.append(AppendInput.create([AppendRecord.string({ body: "later" })]));
-	}, 300);
+	// The read may deliver the record before the append's own acknowledgement arrives, so the
+	// test waits for both: an append still in flight when the server stops would fail later.
+	const appended = new Promise((resolve) => setTimeout(resolve, 300)).then(() =>
+		stream.append(AppendInput.create([AppendRecord.string({ body: "later" })])),
+	);
 	const first = await iterator.next();
 	assert.equal(first.value.body, "later");
 	assert.equal(first.value.seqNum, 0);
 	await iterator.return?.();
+	const ack = await appended;
+	assert.equal(ack.start.seqNum, 0);
+	assert.equal(ack.end.seqNum, 1);
 });

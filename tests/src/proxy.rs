@@ -167,3 +167,52 @@ fn reset(stream: TcpStream) {
     let _ = stream.set_linger(Some(Duration::ZERO));
     drop(stream);
 }
+
+/// A server on `dir` whose records go to the S3 server at `s3` (an `http://` endpoint),
+/// in `bucket`, through a proxy that can play its outages.
+pub async fn server_with_objects_behind_proxy(
+    s3: &str,
+    dir: &std::path::Path,
+    bucket: &str,
+) -> (Proxy, crate::Server) {
+    let proxy = Proxy::start(s3.trim_start_matches("http://")).await;
+    let server = crate::Server::start_with(
+        dir,
+        &[
+            "--objects",
+            &format!("s3://{bucket}/records"),
+            "--s3-endpoint",
+            &format!("http://127.0.0.1:{}", proxy.port),
+        ],
+    );
+    (proxy, server)
+}
+
+/// A server on `dir` whose metadata is `database` on the PostgreSQL server `postgres`
+/// (`postgres://USER[:PASSWORD]@HOST:PORT`), reached through a proxy that can play its
+/// outages; records stay in the data directory.
+pub async fn server_with_metadata_behind_proxy(
+    postgres: &str,
+    dir: &std::path::Path,
+    database: &str,
+) -> (Proxy, crate::Server) {
+    let (credentials, upstream) = postgres
+        .trim_start_matches("postgres://")
+        .rsplit_once('@')
+        .expect("a PostgreSQL server URL is postgres://USER[:PASSWORD]@HOST:PORT");
+    let proxy = Proxy::start(upstream).await;
+    let objects = dir.join("objects");
+    let server = crate::Server::start_with(
+        dir,
+        &[
+            "--metadata",
+            &format!(
+                "postgres://{credentials}@127.0.0.1:{}/{database}",
+                proxy.port
+            ),
+            "--objects",
+            objects.to_str().expect("a UTF-8 path"),
+        ],
+    );
+    (proxy, server)
+}

@@ -1,7 +1,7 @@
 //! Faults in the services streamgate depends on. (Process crashes: `crash.rs`.)
 
 use serde_json::json;
-use streamgate_tests::proxy::{Mode, Proxy};
+use streamgate_tests::proxy::{server_with_objects_behind_proxy, Mode};
 use streamgate_tests::Server;
 
 /// Every connection to the metadata database is killed from the PostgreSQL side, as a
@@ -70,19 +70,14 @@ async fn postgres_connections_killed_while_serving_are_reestablished() {
 /// order, and appends go on without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn object_store_faults_delay_appends_but_lose_nothing_acknowledged() {
-    let s3 = streamgate_tests::backends::s3_endpoint();
-    let proxy = Proxy::start(s3.trim_start_matches("http://")).await;
     let dir = tempfile::tempdir().unwrap();
     let bucket = format!("streamgate-test-fault-{}", std::process::id());
-    let server = Server::start_with(
+    let (proxy, server) = server_with_objects_behind_proxy(
+        &streamgate_tests::backends::s3_endpoint(),
         dir.path(),
-        &[
-            "--objects",
-            &format!("s3://{bucket}/records"),
-            "--s3-endpoint",
-            &format!("http://127.0.0.1:{}", proxy.port),
-        ],
-    );
+        &bucket,
+    )
+    .await;
     let endpoint = server.endpoint.clone();
     streamgate_tests::create_streams(&endpoint, "fault-basin", &["s"]).await;
 

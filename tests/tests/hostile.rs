@@ -45,16 +45,7 @@ async fn still_serving(server: &Server) {
     let records = streamgate_tests::read_stream(endpoint, BASIN, "s").await;
     assert!(records.iter().any(|r| r["body"] == "still-here"));
 
-    let mut resp = TcpStream::connect(("127.0.0.1", server.resp_port))
-        .await
-        .expect("the RESP front end accepts connections");
-    resp.write_all(&command(&[
-        b"AUTH",
-        BASIN.as_bytes(),
-        streamgate_tests::ROOT_TOKEN.as_bytes(),
-    ]))
-    .await
-    .unwrap();
+    let mut resp = resp_authenticating(server).await;
     resp.write_all(&command(&[b"XADD", b"s", b"*", b"f", b"v"]))
         .await
         .unwrap();
@@ -76,6 +67,20 @@ async fn still_serving(server: &Server) {
         .await
         .unwrap();
     assert_eq!(exported.status(), 200, "{}", exported.text().await.unwrap());
+}
+
+/// A RESP connection that has sent `AUTH` with the root token (its `+OK` unread).
+async fn resp_authenticating(server: &Server) -> TcpStream {
+    let mut resp = TcpStream::connect(("127.0.0.1", server.resp_port))
+        .await
+        .expect("the RESP front end accepts connections");
+    let auth = command(&[
+        b"AUTH",
+        BASIN.as_bytes(),
+        streamgate_tests::ROOT_TOKEN.as_bytes(),
+    ]);
+    resp.write_all(&auth).await.unwrap();
+    resp
 }
 
 /// A RESP request: an array of bulk strings.
@@ -526,16 +531,7 @@ async fn silent_and_slow_clients_are_cut_off_while_others_are_served() {
     .unwrap();
     let mut preface = TcpStream::connect(&address).await.unwrap();
     preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
-    let mut resp = TcpStream::connect(("127.0.0.1", server.resp_port))
-        .await
-        .unwrap();
-    resp.write_all(&command(&[
-        b"AUTH",
-        BASIN.as_bytes(),
-        streamgate_tests::ROOT_TOKEN.as_bytes(),
-    ]))
-    .await
-    .unwrap();
+    let mut resp = resp_authenticating(&server).await;
     resp.write_all(b"*2\r\n$4\r\nECHO\r\n$10\r\nabc")
         .await
         .unwrap();
@@ -735,16 +731,7 @@ async fn a_panic_ends_only_the_request_or_connection_it_happened_in() {
     );
 
     // A RESP connection: closed; others are not.
-    let mut resp = TcpStream::connect(("127.0.0.1", server.resp_port))
-        .await
-        .unwrap();
-    resp.write_all(&command(&[
-        b"AUTH",
-        BASIN.as_bytes(),
-        streamgate_tests::ROOT_TOKEN.as_bytes(),
-    ]))
-    .await
-    .unwrap();
+    let mut resp = resp_authenticating(&server).await;
     assert_eq!(
         read_until(&mut resp, |text| text.ends_with("\r\n")).await,
         "+OK\r\n"

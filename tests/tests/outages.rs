@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use streamgate_tests::history::{read_all, verify, History};
-use streamgate_tests::proxy::{Mode, Proxy};
+use streamgate_tests::proxy::{
+    server_with_metadata_behind_proxy, server_with_objects_behind_proxy, Mode, Proxy,
+};
 use streamgate_tests::Server;
 use tokio::sync::watch;
 
@@ -263,6 +265,13 @@ fn start_writers(
     writers
 }
 
+/// Streams `s0`.. `s{STREAMS-1}` in the test basin.
+async fn create_test_streams(server: &Server) {
+    let names: Vec<String> = (0..STREAMS).map(|s| format!("s{s}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    streamgate_tests::create_streams(&server.endpoint, BASIN, &names).await;
+}
+
 /// What `/ready` answered over a period: (ready, reason).
 fn watch_readiness(
     endpoint: String,
@@ -365,26 +374,15 @@ fn count(log: &SharedLog, what: impl Fn(&Attempt) -> bool) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_object_store_outage_is_weathered_without_a_restart() {
-    let s3 = streamgate_tests::backends::s3_endpoint();
-    let proxy = Proxy::start(s3.trim_start_matches("http://")).await;
     let dir = tempfile::tempdir().unwrap();
     let bucket = format!("streamgate-test-outage-{}", std::process::id());
-    let mut server = Server::start_with(
+    let (proxy, mut server) = server_with_objects_behind_proxy(
+        &streamgate_tests::backends::s3_endpoint(),
         dir.path(),
-        &[
-            "--objects",
-            &format!("s3://{bucket}/records"),
-            "--s3-endpoint",
-            &format!("http://127.0.0.1:{}", proxy.port),
-        ],
-    );
-    let names: Vec<String> = (0..STREAMS).map(|s| format!("s{s}")).collect();
-    streamgate_tests::create_streams(
-        &server.endpoint,
-        BASIN,
-        &names.iter().map(String::as_str).collect::<Vec<_>>(),
+        &bucket,
     )
     .await;
+    create_test_streams(&server).await;
 
     let log = SharedLog::default();
     let (stop, stopped) = watch::channel(false);
@@ -485,33 +483,15 @@ async fn an_object_store_outage_is_weathered_without_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_metadata_store_outage_leaves_appends_running() {
-    let postgres = streamgate_tests::backends::postgres_server();
-    let (credentials, upstream) = postgres
-        .trim_start_matches("postgres://")
-        .rsplit_once('@')
-        .expect("STREAMGATE_TEST_POSTGRES is postgres://USER[:PASSWORD]@HOST:PORT");
-    let proxy = Proxy::start(upstream).await;
     let database = format!("streamgate_test_outage_{}", std::process::id());
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::start_with(
+    let (proxy, mut server) = server_with_metadata_behind_proxy(
+        &streamgate_tests::backends::postgres_server(),
         dir.path(),
-        &[
-            "--metadata",
-            &format!(
-                "postgres://{credentials}@127.0.0.1:{}/{database}",
-                proxy.port
-            ),
-            "--objects",
-            dir.path().join("objects").to_str().unwrap(),
-        ],
-    );
-    let names: Vec<String> = (0..STREAMS).map(|s| format!("s{s}")).collect();
-    streamgate_tests::create_streams(
-        &server.endpoint,
-        BASIN,
-        &names.iter().map(String::as_str).collect::<Vec<_>>(),
+        &database,
     )
     .await;
+    create_test_streams(&server).await;
 
     let log = SharedLog::default();
     let (stop, stopped) = watch::channel(false);

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use serde_json::json;
-use streamgate_tests::proxy::{Mode, Proxy};
+use streamgate_tests::proxy::{
+    server_with_metadata_behind_proxy, server_with_objects_behind_proxy, Mode,
+};
 use streamgate_tests::Server;
 
 #[derive(Parser)]
@@ -141,18 +143,9 @@ fn append_request(client: &reqwest::Client, endpoint: &str, body: &str) -> reqwe
 /// Per round: (time from the store's return to the first ack of an append sent after
 /// it, time until the last append accepted before the outage was acked).
 async fn s3_recovery(s3: &str, mode: Mode, args: &Args) -> (Vec<Duration>, Vec<Duration>) {
-    let proxy = Proxy::start(s3.trim_start_matches("http://")).await;
     let dir = tempfile::tempdir().unwrap();
     let bucket = format!("streamgate-bench-{}-{mode:?}", std::process::id()).to_lowercase();
-    let server = Server::start_with(
-        dir.path(),
-        &[
-            "--objects",
-            &format!("s3://{bucket}/records"),
-            "--s3-endpoint",
-            &format!("http://127.0.0.1:{}", proxy.port),
-        ],
-    );
+    let (proxy, server) = server_with_objects_behind_proxy(s3, dir.path(), &bucket).await;
     streamgate_tests::create_streams(&server.endpoint, BASIN, &["s"]).await;
     let client = streamgate_tests::client_builder()
         .timeout(Duration::from_secs(120))
@@ -190,23 +183,9 @@ async fn s3_recovery(s3: &str, mode: Mode, args: &Args) -> (Vec<Duration>, Vec<D
 /// Per round, the time from the metadata store's return to the first successful
 /// control-plane call; and how many appends failed while it was away.
 async fn postgres_recovery(postgres: &str, mode: Mode, args: &Args) -> (Vec<Duration>, usize) {
-    let (credentials, upstream) = postgres
-        .trim_start_matches("postgres://")
-        .rsplit_once('@')
-        .expect("STREAMGATE_TEST_POSTGRES is postgres://USER[:PASSWORD]@HOST:PORT");
-    let proxy = Proxy::start(upstream).await;
     let dir = tempfile::tempdir().unwrap();
     let database = format!("streamgate_bench_{}_{mode:?}", std::process::id()).to_lowercase();
-    let server = Server::start_with(
-        dir.path(),
-        &[
-            "--metadata",
-            &format!(
-                "postgres://{credentials}@127.0.0.1:{}/{database}",
-                proxy.port
-            ),
-        ],
-    );
+    let (proxy, server) = server_with_metadata_behind_proxy(postgres, dir.path(), &database).await;
     streamgate_tests::create_streams(&server.endpoint, BASIN, &["s"]).await;
     let client = streamgate_tests::client_builder()
         .timeout(Duration::from_secs(60))
