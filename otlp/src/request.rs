@@ -147,32 +147,25 @@ struct Budget {
 
 impl Budget {
     fn take_group(&mut self) -> Result<(), String> {
-        self.groups += 1;
-        if self.groups > MAX_GROUPS {
-            return Err(format!(
-                "a request may hold at most {MAX_GROUPS} resource groups"
-            ));
-        }
-        Ok(())
+        take(&mut self.groups, MAX_GROUPS, "resource groups")
     }
 
     fn take_scope(&mut self) -> Result<(), String> {
-        self.scopes += 1;
-        if self.scopes > MAX_SCOPES {
-            return Err(format!("a request may hold at most {MAX_SCOPES} scopes"));
-        }
-        Ok(())
+        take(&mut self.scopes, MAX_SCOPES, "scopes")
     }
 
     fn take_item(&mut self) -> Result<(), String> {
-        self.items += 1;
-        if self.items > MAX_ITEMS {
-            return Err(format!(
-                "a request may hold at most {MAX_ITEMS} spans, metrics or log records"
-            ));
-        }
-        Ok(())
+        take(&mut self.items, MAX_ITEMS, "spans, metrics or log records")
     }
+}
+
+/// Counts one more of something a request may hold at most `max` of.
+fn take(count: &mut usize, max: usize, what: &str) -> Result<(), String> {
+    *count += 1;
+    if *count > max {
+        return Err(format!("a request may hold at most {max} {what}"));
+    }
+    Ok(())
 }
 
 // ---- protobuf ----
