@@ -6,11 +6,13 @@
 use std::sync::Arc;
 
 use crate::access::{AccessTokenInfo, Operation, Principal, ResourceSet, Target};
+use crate::appender::PendingAck;
+use crate::catalog::Provisioned;
 use crate::config::{BasinConfig, BasinReconfiguration, StreamConfig, StreamReconfiguration};
-use crate::engine::{Engine, PendingAck, Provisioned};
-use crate::error::{Error, Result};
+use crate::engine::Engine;
+use crate::error::{Error, Resource, Result};
 use crate::names::{BasinName, StreamName};
-use crate::read::{ReadBatch, ReadRequest, ReadStart, StreamReader};
+use crate::read::{ReadBatch, ReadLimits, ReadRequest, ReadStart, StreamReader};
 use crate::record::{AppendAck, AppendInput, Command, StreamPosition};
 use crate::storage::metadata::{BasinRecord, ListPage, ListRange, StreamRecord};
 
@@ -24,20 +26,34 @@ pub struct Caller {
 }
 
 impl Caller {
-    pub(crate) fn new(
-        engine: Engine,
-        principal: Arc<Principal>,
-        digest: Option<[u8; 32]>,
-    ) -> Caller {
-        Caller {
-            engine,
+    /// The engine as the holder of `bearer` (an access token's secret) sees it.
+    /// `client` is the peer's address, when the front end knows it: failed attempts are
+    /// throttled per address.
+    pub async fn authenticate(
+        engine: &Engine,
+        bearer: &str,
+        client: Option<std::net::IpAddr>,
+    ) -> Result<Caller> {
+        let (principal, digest) = engine.tokens().authenticate(bearer, client).await?;
+        Ok(Caller {
+            engine: engine.clone(),
             principal,
-            digest,
+            digest: Some(digest),
+        })
+    }
+
+    /// The engine with full access, for the server's own work and for tests.
+    pub fn root(engine: &Engine) -> Caller {
+        Caller {
+            engine: engine.clone(),
+            principal: Arc::new(Principal::root()),
+            digest: None,
         }
     }
 
     /// `authn` once the token has been revoked (seen within `CACHE_TTL`) or has
-    /// expired: sessions and connections call this as they go.
+    /// expired. Every operation below checks this first, so a session or connection
+    /// that goes on making calls stops as soon as its token is no longer valid.
     pub async fn still_valid(&self) -> Result<()> {
         match &self.digest {
             None => Ok(()),
@@ -74,9 +90,13 @@ impl Caller {
         config: BasinConfig,
         request_token: Option<&str>,
     ) -> Result<BasinRecord> {
+        self.still_valid().await?;
         self.principal
             .check(Operation::CreateBasin, Target::Basin(&name))?;
-        self.engine.create_basin(name, config, request_token).await
+        self.engine
+            .catalog()
+            .create_basin(name, config, request_token)
+            .await
     }
 
     /// Needs `create-basin` to create, `reconfigure-basin` to change an existing one.
@@ -85,18 +105,20 @@ impl Caller {
         name: BasinName,
         config: BasinConfig,
     ) -> Result<(BasinRecord, Provisioned)> {
-        let op = match self.engine.basin(&name).await {
+        self.still_valid().await?;
+        let op = match self.engine.catalog().basin(&name).await {
             Ok(_) => Operation::ReconfigureBasin,
             Err(_) => Operation::CreateBasin,
         };
         self.principal.check(op, Target::Basin(&name))?;
-        self.engine.ensure_basin(name, config).await
+        self.engine.catalog().ensure_basin(name, config).await
     }
 
     pub async fn basin(&self, name: &BasinName) -> Result<BasinRecord> {
+        self.still_valid().await?;
         self.principal
             .check(Operation::GetBasinConfig, Target::Basin(name))?;
-        self.engine.basin(name).await
+        self.engine.catalog().basin(name).await
     }
 
     pub async fn reconfigure_basin(
@@ -104,28 +126,31 @@ impl Caller {
         name: &BasinName,
         change: &BasinReconfiguration,
     ) -> Result<BasinConfig> {
+        self.still_valid().await?;
         self.principal
             .check(Operation::ReconfigureBasin, Target::Basin(name))?;
-        self.engine.reconfigure_basin(name, change).await
+        self.engine.catalog().reconfigure_basin(name, change).await
     }
 
     /// Only the basins the token's `basins` matcher covers.
     pub async fn list_basins(&self, range: &ListRange) -> Result<ListPage<BasinRecord>> {
+        self.still_valid().await?;
         self.principal
             .check(Operation::ListBasins, Target::Account)?;
         let Some(range) = within_matcher(&self.principal.scope().basins, range) else {
             return Ok(empty_page());
         };
-        let page = self.engine.list_basins(&range).await?;
+        let page = self.engine.catalog().list_basins(&range).await?;
         Ok(only_matching(&self.principal.scope().basins, page, |b| {
             self.principal.sees_basin(b.name.as_str())
         }))
     }
 
     pub async fn delete_basin(&self, name: &BasinName) -> Result<()> {
+        self.still_valid().await?;
         self.principal
             .check(Operation::DeleteBasin, Target::Basin(name))?;
-        self.engine.delete_basin(name).await
+        self.engine.catalog().delete_basin(name).await
     }
 
     // ---- streams ----
@@ -151,21 +176,17 @@ impl Caller {
 
     /// Errors name streams as the caller does, never with the hidden prefix.
     fn error(&self, err: Error) -> Error {
-        let rename = |name: String| {
-            StreamName::new(name.as_str())
-                .ok()
-                .and_then(|n| self.principal.visible(&n))
-                .unwrap_or(name)
-        };
-        match err {
-            Error::StreamNotFound(name) => Error::StreamNotFound(rename(name)),
-            Error::StreamDeletionPending(name) => Error::StreamDeletionPending(rename(name)),
-            Error::AlreadyExists(what) => match self.principal.stored_prefix("") {
-                prefix if prefix.is_empty() => Error::AlreadyExists(what),
-                prefix => Error::AlreadyExists(what.replace(&format!("`{prefix}"), "`")),
+        err.map_resource(|resource| match resource {
+            Resource::Stream(name) => match self
+                .principal
+                .visible(&name)
+                .and_then(|n| StreamName::new(n).ok())
+            {
+                Some(shown) => Resource::Stream(shown),
+                None => Resource::Stream(name),
             },
             other => other,
-        }
+        })
     }
 
     pub async fn create_stream(
@@ -175,9 +196,11 @@ impl Caller {
         config: StreamConfig,
         request_token: Option<&str>,
     ) -> Result<StreamRecord> {
+        self.still_valid().await?;
         let stored = self.stream(Operation::CreateStream, basin, &name)?;
         let record = self
             .engine
+            .catalog()
             .create_stream(basin, stored, config, request_token)
             .await
             .map_err(|e| self.error(e))?;
@@ -191,14 +214,16 @@ impl Caller {
         name: StreamName,
         config: StreamConfig,
     ) -> Result<(StreamRecord, Provisioned)> {
+        self.still_valid().await?;
         let stored = self.principal.stored(&name)?;
-        let op = match self.engine.stream_config(basin, &stored).await {
+        let op = match self.engine.catalog().stream_config(basin, &stored).await {
             Ok(_) => Operation::ReconfigureStream,
             Err(_) => Operation::CreateStream,
         };
         self.principal.check(op, Target::Stream(basin, &stored))?;
         let (record, provisioned) = self
             .engine
+            .catalog()
             .ensure_stream(basin, stored, config)
             .await
             .map_err(|e| self.error(e))?;
@@ -210,8 +235,10 @@ impl Caller {
         basin: &BasinName,
         name: &StreamName,
     ) -> Result<StreamConfig> {
+        self.still_valid().await?;
         let stored = self.stream(Operation::GetStreamConfig, basin, name)?;
         self.engine
+            .catalog()
             .stream_config(basin, &stored)
             .await
             .map_err(|e| self.error(e))
@@ -223,8 +250,10 @@ impl Caller {
         name: &StreamName,
         change: &StreamReconfiguration,
     ) -> Result<StreamConfig> {
+        self.still_valid().await?;
         let stored = self.stream(Operation::ReconfigureStream, basin, name)?;
         self.engine
+            .catalog()
             .reconfigure_stream(basin, &stored, change)
             .await
             .map_err(|e| self.error(e))
@@ -237,6 +266,7 @@ impl Caller {
         basin: &BasinName,
         range: &ListRange,
     ) -> Result<ListPage<StreamRecord>> {
+        self.still_valid().await?;
         self.principal
             .check(Operation::ListStreams, Target::Basin(basin))?;
         let stored = ListRange {
@@ -251,7 +281,7 @@ impl Caller {
         let Some(stored) = within_matcher(&self.principal.scope().streams, &stored) else {
             return Ok(empty_page());
         };
-        let page = self.engine.list_streams(basin, &stored).await?;
+        let page = self.engine.catalog().list_streams(basin, &stored).await?;
         let mut page = only_matching(&self.principal.scope().streams, page, |s| {
             self.principal.sees_stream(&s.name)
         });
@@ -260,8 +290,10 @@ impl Caller {
     }
 
     pub async fn delete_stream(&self, basin: &BasinName, name: &StreamName) -> Result<()> {
+        self.still_valid().await?;
         let stored = self.stream(Operation::DeleteStream, basin, name)?;
         self.engine
+            .catalog()
             .delete_stream(basin, &stored)
             .await
             .map_err(|e| self.error(e))
@@ -275,6 +307,7 @@ impl Caller {
         name: &StreamName,
         create_config: Option<&StreamConfig>,
     ) -> Result<()> {
+        self.still_valid().await?;
         let stored = self.stream(Operation::Append, basin, name)?;
         self.engine
             .open_for_append(basin, &stored, create_config)
@@ -290,6 +323,7 @@ impl Caller {
         input: AppendInput,
         create_config: Option<&StreamConfig>,
     ) -> Result<PendingAck> {
+        self.still_valid().await?;
         let stored = self.stream(Operation::Append, basin, name)?;
         for record in input
             .records
@@ -328,6 +362,7 @@ impl Caller {
         name: &StreamName,
         create_config: Option<&StreamConfig>,
     ) -> Result<StreamPosition> {
+        self.still_valid().await?;
         let stored = self.stream(Operation::CheckTail, basin, name)?;
         self.engine
             .check_tail(basin, &stored, create_config)
@@ -343,6 +378,7 @@ impl Caller {
         clamp: bool,
         create_config: Option<&StreamConfig>,
     ) -> Result<StreamReader> {
+        self.still_valid().await?;
         let stored = self.stream(Operation::Read, basin, name)?;
         self.engine
             .open_reader(basin, &stored, start, clamp, create_config)
@@ -357,6 +393,7 @@ impl Caller {
         request: ReadRequest,
         create_config: Option<&StreamConfig>,
     ) -> Result<ReadBatch> {
+        self.still_valid().await?;
         let stored = self.stream(Operation::Read, basin, name)?;
         self.engine
             .read(basin, &stored, request, create_config)
@@ -364,15 +401,27 @@ impl Caller {
             .map_err(|e| self.error(e))
     }
 
+    /// The next batch of a reader this caller opened (see `StreamReader::next_batch`).
+    pub async fn next_batch(
+        &self,
+        reader: &mut StreamReader,
+        limits: ReadLimits,
+    ) -> Result<(ReadBatch, bool)> {
+        self.still_valid().await?;
+        reader.next_batch(limits).await
+    }
+
     // ---- access tokens ----
 
     /// Issues a token no broader than the caller's; returns its secret.
     pub async fn issue_access_token(&self, info: AccessTokenInfo) -> Result<String> {
+        self.still_valid().await?;
         self.engine.tokens().issue(&self.principal, info).await
     }
 
     /// Only the tokens the caller's `access_tokens` matcher covers.
     pub async fn list_access_tokens(&self, range: &ListRange) -> Result<ListPage<AccessTokenInfo>> {
+        self.still_valid().await?;
         self.principal
             .check(Operation::ListAccessTokens, Target::Account)?;
         let Some(range) = within_matcher(&self.principal.scope().access_tokens, range) else {
@@ -387,6 +436,7 @@ impl Caller {
     }
 
     pub async fn revoke_access_token(&self, id: &str) -> Result<()> {
+        self.still_valid().await?;
         self.principal
             .check(Operation::RevokeAccessToken, Target::AccessToken(id))?;
         self.engine.tokens().revoke(id).await

@@ -362,7 +362,7 @@ impl Compactor {
 /// entry's bytes verbatim.
 fn cut_segments(stream_id: u64, entries: &[(Bytes, SegmentEntry)]) -> Vec<(SegmentRecord, Bytes)> {
     let mut segments = Vec::new();
-    let written_at_ms = crate::engine::now_ms();
+    let written_at_ms = crate::record::now_ms();
     let mut rest = entries;
     while !rest.is_empty() {
         let key = segment_key(stream_id, rest[0].1.start_seq);

@@ -1,25 +1,107 @@
-//! The engine's typed errors. Front ends map each variant onto their protocol; the
-//! `code()` strings are the documented S2 error codes, shared by every front end.
+//! The engine's typed errors. Each error has a [`ErrorKind`], which is all a front end
+//! needs to choose its protocol's answer (one table per protocol maps kinds to an HTTP
+//! status, a RESP error prefix, an OTLP status), and a `code()`, the documented S2 error
+//! code shared by every front end. Failures of the stores keep their cause.
 
+use std::fmt;
+use std::sync::Arc;
+
+use crate::names::StreamName;
 use crate::record::StreamPosition;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a failure means for the client, whatever the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request breaks a documented rule; sent again unchanged it fails again.
+    Invalid,
+    /// A basin, stream or access token that does not exist.
+    NotFound,
+    /// The request clashes with the current state (the name is taken, or being deleted).
+    Conflict,
+    /// An append condition (`match_seq_num`, `fencing_token`) did not hold.
+    ConditionFailed,
+    /// A read start beyond the tail.
+    RangeNotSatisfiable,
+    /// No valid credential.
+    Unauthenticated,
+    /// A valid credential whose scope does not cover the operation.
+    PermissionDenied,
+    /// Too many requests; retry after a pause.
+    RateLimited,
+    /// The server cannot serve the request now (draining, overloaded, the store is away);
+    /// nothing was done, and a retry later should succeed.
+    Unavailable,
+    /// The durable store failed; the request may or may not have taken effect, and may be
+    /// retried.
+    StorageFailed,
+    NotImplemented,
+    /// A bug or an unexpected state in the server.
+    Internal,
+}
+
+impl ErrorKind {
+    /// Whether a client may retry the same request and expect it to succeed.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::RateLimited | ErrorKind::Unavailable | ErrorKind::StorageFailed
+        )
+    }
+}
+
+/// What an error is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resource {
+    Basin(String),
+    Stream(StreamName),
+    AccessToken(String),
+}
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Resource::Basin(name) => write!(f, "basin `{name}`"),
+            Resource::Stream(name) => write!(f, "stream `{name}`"),
+            Resource::AccessToken(id) => write!(f, "access token `{id}`"),
+        }
+    }
+}
+
+/// A failure with what was being done and, where there is one, its cause.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    what: String,
+    cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Failure {
+    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        self.cause.as_deref()
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.cause {
+            Some(cause) => write!(f, "{}: {cause}", self.what),
+            None => f.write_str(&self.what),
+        }
+    }
+}
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// A request that breaks a documented rule (name, limit, config value, ...).
     #[error("{0}")]
     Invalid(String),
-    #[error("basin `{0}` does not exist")]
-    BasinNotFound(String),
-    #[error("stream `{0}` does not exist")]
-    StreamNotFound(String),
+    #[error("{0} does not exist")]
+    NotFound(Resource),
     #[error("{0} already exists")]
-    AlreadyExists(String),
-    #[error("basin `{0}` is being deleted; its name can be reused once deletion completes")]
-    BasinDeletionPending(String),
-    #[error("stream `{0}` is being deleted; its name can be reused once deletion completes")]
-    StreamDeletionPending(String),
+    AlreadyExists(Resource),
+    #[error("{0} is being deleted; its name can be reused once deletion completes")]
+    DeletionPending(Resource),
     /// `match_seq_num` did not match: carries the sequence number the next record would get.
     #[error("append condition failed: the next sequence number is {0}")]
     SeqNumMismatch(u64),
@@ -31,8 +113,8 @@ pub enum Error {
     RangeNotSatisfiable { tail: StreamPosition },
     /// The durable store failed; the request may or may not have taken effect.
     #[error("storage failure: {0}")]
-    Storage(String),
-    /// The server cannot take the request right now (draining, storage poisoned, ...).
+    Storage(Failure),
+    /// The server cannot take the request right now (storage away, budget full, ...).
     #[error("{0}")]
     Unavailable(String),
     #[error("the server is shutting down; retry against a running server")]
@@ -45,8 +127,6 @@ pub enum Error {
     /// A valid token whose scope does not cover the operation.
     #[error("{0}")]
     PermissionDenied(String),
-    #[error("access token `{0}` does not exist")]
-    AccessTokenNotFound(String),
     /// The client sent too much too fast (failed authentications): it may retry after
     /// `retry_after`.
     #[error("{message}")]
@@ -54,18 +134,39 @@ pub enum Error {
         message: String,
         retry_after: std::time::Duration,
     },
+    /// Something in the server itself went wrong (a task that died, ...).
+    #[error("internal error: {0}")]
+    Internal(Failure),
 }
 
 impl Error {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Invalid(_) => ErrorKind::Invalid,
+            Error::NotFound(_) => ErrorKind::NotFound,
+            Error::AlreadyExists(_) | Error::DeletionPending(_) => ErrorKind::Conflict,
+            Error::SeqNumMismatch(_) | Error::FencingTokenMismatch(_) => ErrorKind::ConditionFailed,
+            Error::RangeNotSatisfiable { .. } => ErrorKind::RangeNotSatisfiable,
+            Error::Storage(_) => ErrorKind::StorageFailed,
+            Error::Unavailable(_) | Error::ServerDraining => ErrorKind::Unavailable,
+            Error::NotImplemented(_) => ErrorKind::NotImplemented,
+            Error::Unauthenticated(_) => ErrorKind::Unauthenticated,
+            Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
+            Error::RateLimited { .. } => ErrorKind::RateLimited,
+            Error::Internal(_) => ErrorKind::Internal,
+        }
+    }
+
     /// The documented error code for this error.
     pub fn code(&self) -> &'static str {
         match self {
             Error::Invalid(_) => "invalid",
-            Error::BasinNotFound(_) => "basin_not_found",
-            Error::StreamNotFound(_) => "stream_not_found",
+            Error::NotFound(Resource::Basin(_)) => "basin_not_found",
+            Error::NotFound(Resource::Stream(_)) => "stream_not_found",
+            Error::NotFound(Resource::AccessToken(_)) => "access_token_not_found",
             Error::AlreadyExists(_) => "resource_already_exists",
-            Error::BasinDeletionPending(_) => "basin_deletion_pending",
-            Error::StreamDeletionPending(_) => "stream_deletion_pending",
+            Error::DeletionPending(Resource::Basin(_)) => "basin_deletion_pending",
+            Error::DeletionPending(_) => "stream_deletion_pending",
             Error::SeqNumMismatch(_) | Error::FencingTokenMismatch(_) => "append_condition_failed",
             Error::RangeNotSatisfiable { .. } => "range_not_satisfiable",
             Error::Storage(_) => "storage",
@@ -74,8 +175,26 @@ impl Error {
             Error::NotImplemented(_) => "not_implemented",
             Error::Unauthenticated(_) => "authn",
             Error::PermissionDenied(_) => "permission_denied",
-            Error::AccessTokenNotFound(_) => "access_token_not_found",
             Error::RateLimited { .. } => "rate_limited",
+            Error::Internal(_) => "other",
+        }
+    }
+
+    /// The resource an error is about, if it is about one.
+    pub fn resource(&self) -> Option<&Resource> {
+        match self {
+            Error::NotFound(r) | Error::AlreadyExists(r) | Error::DeletionPending(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The same error about another resource (a stream named as the caller names it).
+    pub(crate) fn map_resource(self, rename: impl FnOnce(Resource) -> Resource) -> Error {
+        match self {
+            Error::NotFound(r) => Error::NotFound(rename(r)),
+            Error::AlreadyExists(r) => Error::AlreadyExists(rename(r)),
+            Error::DeletionPending(r) => Error::DeletionPending(rename(r)),
+            other => other,
         }
     }
 
@@ -83,7 +202,33 @@ impl Error {
         Error::Invalid(message.into())
     }
 
-    pub fn storage(err: impl std::fmt::Display) -> Self {
-        Error::Storage(err.to_string())
+    /// A store failure found by the server itself (corrupt or inconsistent data).
+    pub fn storage(what: impl Into<String>) -> Self {
+        Error::Storage(Failure {
+            what: what.into(),
+            cause: None,
+        })
+    }
+
+    /// A store failure while doing `what`, caused by `cause`.
+    pub fn storage_caused(
+        what: impl Into<String>,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Storage(Failure {
+            what: what.into(),
+            cause: Some(Arc::new(cause)),
+        })
+    }
+
+    /// An internal failure while doing `what`, caused by `cause`.
+    pub fn internal(
+        what: impl Into<String>,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Internal(Failure {
+            what: what.into(),
+            cause: Some(Arc::new(cause)),
+        })
     }
 }

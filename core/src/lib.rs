@@ -1,12 +1,30 @@
 //! streamgate-core: the engine behind every streamgate front end.
 //!
-//! Front ends call [`Engine`]; they never touch storage. See DESIGN.md for the promises
-//! every path keeps: acknowledged appends are durable, streams are linearizable, batches
-//! are atomic, and bad input gets a clear error and changes nothing.
+//! Front ends call [`Caller`] (the engine as one principal sees it); they never touch
+//! storage. See DESIGN.md for the promises every path keeps: acknowledged appends are
+//! durable, streams are linearizable, batches are atomic, and bad input gets a clear
+//! error and changes nothing.
+//!
+//! Module map (each part owns its state; arrows are "uses"):
+//!
+//! - `caller` — authorization and stream-name prefixing, the only way in → `engine`
+//! - `engine` — the facade: wires the parts below together, runs background tasks
+//! - `catalog` — basins and streams in the metadata, kept in step with → `registry`
+//! - `registry` — the in-memory state of every live stream (`stream`)
+//! - `appender` — admission (budget, draining, outages) and sequencing → `wal::writer`
+//! - `wal` — the chunk format; `wal::writer` group commit; `wal::recovery` start-up replay
+//! - `record_store` — reading durable batches back (WAL cache, segments, segment cache)
+//! - `read` — `StreamReader`, the cursor unary reads and sessions share → `record_store`
+//! - `compaction` — WAL chunks into segments; `lifecycle` — retention, trim, deletions
+//! - `storage` — the `MetadataStore` and `ObjectStore` traits and their backends
+//! - `access` — tokens and scopes; `config`, `names`, `record`, `segment` — domain types
+//! - `error` — typed errors with a kind, which each front end maps through one table
 
 pub mod access;
+mod appender;
 pub mod cache;
 pub mod caller;
+mod catalog;
 mod compaction;
 pub mod config;
 pub mod connections;
@@ -19,14 +37,18 @@ mod lifecycle;
 pub mod names;
 pub mod read;
 pub mod record;
+mod record_store;
+mod registry;
 pub mod segment;
 pub mod storage;
 mod stream;
 pub mod wal;
-mod wal_writer;
 
+pub use appender::PendingAck;
 pub use caller::Caller;
+pub use catalog::Provisioned;
 pub use compaction::CompactionStats;
-pub use engine::{Engine, EngineSettings, PendingAck, Provisioned};
-pub use error::{Error, Result};
-pub use wal_writer::FlushSettings;
+pub use engine::{Engine, EngineSettings};
+pub use error::{Error, ErrorKind, Resource, Result};
+pub use wal::recovery::MAX_TORN_TAIL;
+pub use wal::writer::FlushSettings;

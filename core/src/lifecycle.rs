@@ -18,12 +18,15 @@ use std::time::{Duration, Instant};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use time::OffsetDateTime;
 
+use crate::catalog::Catalog;
+use crate::compaction::Compactor;
 use crate::config::RetentionPolicy;
-use crate::engine::Engine;
 use crate::error::Result;
 use crate::names::BasinName;
+use crate::registry::StreamRegistry;
 use crate::segment::segment_prefix;
 use crate::storage::metadata::ListRange;
+use crate::storage::{MetadataStore, ObjectStore};
 use crate::stream::StreamState;
 
 /// Segment rows removed per metadata transaction.
@@ -35,25 +38,55 @@ const STEPS_PER_PASS: usize = 10;
 /// Object deletions in flight at once.
 const PARALLEL_DELETES: usize = 16;
 
-/// When each stream was first seen empty, for delete-on-empty.
-#[derive(Default)]
-pub(crate) struct EmptySince(Mutex<HashMap<u64, Instant>>);
+/// The lifecycle task's view of the server: what it reads and changes, and its own
+/// state (when each stream was first seen empty).
+pub(crate) struct Lifecycle {
+    metadata: Arc<dyn MetadataStore>,
+    objects: Arc<dyn ObjectStore>,
+    registry: Arc<StreamRegistry>,
+    catalog: Arc<Catalog>,
+    compactor: Arc<Compactor>,
+    /// How long objects made obsolete stay: reads that found them just before stay able
+    /// to finish.
+    obsolete_grace: Duration,
+    /// When each stream was first seen empty, for delete-on-empty.
+    empty_since: Mutex<HashMap<u64, Instant>>,
+}
 
-impl Engine {
+impl Lifecycle {
+    pub fn new(
+        metadata: Arc<dyn MetadataStore>,
+        objects: Arc<dyn ObjectStore>,
+        registry: Arc<StreamRegistry>,
+        catalog: Arc<Catalog>,
+        compactor: Arc<Compactor>,
+        obsolete_grace: Duration,
+    ) -> Self {
+        Self {
+            metadata,
+            objects,
+            registry,
+            catalog,
+            compactor,
+            obsolete_grace,
+            empty_since: Mutex::default(),
+        }
+    }
+
     /// One lifecycle pass (the background task runs one every `reap_interval`).
-    pub async fn run_lifecycle(&self) -> Result<()> {
+    pub async fn run_pass(&self) -> Result<()> {
         self.apply_retention_and_trim().await?;
         self.finish_deletions().await?;
         self.delete_obsolete_objects().await
     }
 
     fn obsolete_after(&self) -> OffsetDateTime {
-        OffsetDateTime::now_utc() + self.obsolete_grace()
+        OffsetDateTime::now_utc() + self.obsolete_grace
     }
 
     /// Every live stream in turn; one stream's failure is logged and the others go on.
     async fn apply_retention_and_trim(&self) -> Result<()> {
-        for (basin, stream) in self.live_streams() {
+        for (basin, stream) in self.registry.with_basins() {
             if let Err(err) = self.bound_stream(&basin, &stream).await {
                 tracing::warn!(basin = %basin, stream = %stream.name, error = %err,
                     "retention, trim or delete-on-empty failed for this stream; will retry");
@@ -68,7 +101,7 @@ impl Engine {
         // Records arrived no later than their segment was written.
         let written_before_ms = match config.retention_policy {
             Some(RetentionPolicy::Age(secs)) => {
-                crate::engine::now_ms().saturating_sub(secs.saturating_mul(1000))
+                crate::record::now_ms().saturating_sub(secs.saturating_mul(1000))
             }
             _ => 0,
         };
@@ -79,7 +112,7 @@ impl Engine {
         // Only the oldest segment is looked at unless there is something to drop.
         let first = match compacted.seq_num {
             0 => None,
-            _ => self.metadata().segment_at(stream.id, 0).await?,
+            _ => self.metadata.segment_at(stream.id, 0).await?,
         };
         if first.is_some_and(|segment| {
             segment.end_seq() <= trim_point || segment.written_at_ms < written_before_ms
@@ -106,7 +139,7 @@ impl Engine {
     ) -> Result<bool> {
         for _ in 0..STEPS_PER_PASS {
             let dropped = self
-                .metadata()
+                .metadata
                 .drop_segments(
                     stream_id,
                     trim_point,
@@ -125,7 +158,7 @@ impl Engine {
     /// Deletes objects, several at a time.
     async fn delete_objects(&self, keys: Vec<String>) -> Result<()> {
         stream::iter(keys)
-            .map(|key| async move { self.objects().delete(&key).await })
+            .map(|key| async move { self.objects.delete(&key).await })
             .buffer_unordered(PARALLEL_DELETES)
             .try_collect::<Vec<()>>()
             .await
@@ -144,7 +177,7 @@ impl Engine {
         }
         Ok(compacted.seq_num == tail.seq_num
             && self
-                .metadata()
+                .metadata
                 .segment_at(stream.id, trim_point)
                 .await?
                 .is_none())
@@ -157,12 +190,11 @@ impl Engine {
         min_age: Duration,
     ) -> Result<()> {
         if !self.is_empty(stream).await? {
-            self.empty_since().0.lock().remove(&stream.id);
+            self.empty_since.lock().remove(&stream.id);
             return Ok(());
         }
         let since = *self
-            .empty_since()
-            .0
+            .empty_since
             .lock()
             .entry(stream.id)
             .or_insert_with(Instant::now);
@@ -179,16 +211,16 @@ impl Engine {
             return Ok(());
         }
         tracing::info!(basin = %basin, stream = %stream.name, "deleting a stream that stayed empty (delete_on_empty)");
-        self.delete_stream(basin, &stream.name).await?;
+        self.catalog.delete_stream(basin, &stream.name).await?;
         drop(sequencer);
-        self.empty_since().0.lock().remove(&stream.id);
+        self.empty_since.lock().remove(&stream.id);
         Ok(())
     }
 
     /// Streams marked deleted lose their segments, in bounded steps, then their rows;
     /// basins marked deleted go once no stream of theirs is left.
     async fn finish_deletions(&self) -> Result<()> {
-        let metadata = self.metadata();
+        let metadata = &self.metadata;
         let (streams, basins) = metadata.pending_deletions().await?;
         for stream in &streams {
             // Records of deleted streams are skipped by reads, compaction and recovery
@@ -198,7 +230,7 @@ impl Engine {
                 .await?
             {
                 // Segments a crashed compaction round wrote but never indexed.
-                let orphans = self.objects().list(&segment_prefix(stream.id)).await?;
+                let orphans = self.objects.list(&segment_prefix(stream.id)).await?;
                 self.delete_objects(orphans).await?;
                 metadata.remove_stream(stream.id).await?;
             }
@@ -221,17 +253,17 @@ impl Engine {
     }
 
     async fn delete_obsolete_objects(&self) -> Result<()> {
-        if self.compactor().is_uncertain() {
+        if self.compactor.is_uncertain() {
             return Ok(()); // the chunks of an unconfirmed commit may still be read
         }
         for _ in 0..STEPS_PER_PASS {
             let now = OffsetDateTime::now_utc();
             let keys = self
-                .metadata()
+                .metadata
                 .obsolete_objects(now, OBJECTS_PER_STEP)
                 .await?;
             self.delete_objects(keys.clone()).await?;
-            self.metadata().forget_obsolete_objects(&keys).await?;
+            self.metadata.forget_obsolete_objects(&keys).await?;
             if keys.len() < OBJECTS_PER_STEP {
                 break;
             }

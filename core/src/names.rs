@@ -13,26 +13,6 @@ impl BasinName {
     pub const MIN_LEN: usize = 8;
     pub const MAX_LEN: usize = 48;
 
-    /// The basin an HTTP request names: its `s2-basin` header, or else a `{basin}.b.…`
-    /// host name (how S2 clients name a basin in the endpoint instead). The error says
-    /// what is wrong, for a `bad_header` answer.
-    pub fn of_request(
-        s2_basin: Option<&[u8]>,
-        host: Option<&str>,
-    ) -> std::result::Result<Self, String> {
-        if let Some(value) = s2_basin {
-            let name = std::str::from_utf8(value).map_err(|_| "`s2-basin` is not valid text")?;
-            return Self::new(name.trim()).map_err(|e| format!("`s2-basin`: {e}"));
-        }
-        match host.and_then(|h| h.split_once(".b.")) {
-            Some((basin, _)) => Self::new(basin).map_err(|e| format!("basin in host name: {e}")),
-            None => Err(
-                "missing header `s2-basin`: name the basin in it, or address the server as `{basin}.b.<host>`"
-                    .into(),
-            ),
-        }
-    }
-
     pub fn new(name: impl Into<String>) -> Result<Self> {
         let name = name.into();
         if name.len() < Self::MIN_LEN || name.len() > Self::MAX_LEN {

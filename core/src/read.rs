@@ -6,9 +6,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::engine::Engine;
-use crate::error::{Error, Result};
+use crate::error::{Error, Resource, Result};
 use crate::record::{SequencedRecord, StreamPosition, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS};
+use crate::record_store::RecordStore;
 use crate::stream::{BatchLocation, StreamState};
 
 /// Where a read starts.
@@ -86,7 +86,7 @@ pub struct ReadBatch {
 /// Waiting for new records uses the stream's tail notifications, so idle followers cost
 /// no polling.
 pub struct StreamReader {
-    engine: Engine,
+    store: Arc<RecordStore>,
     state: Arc<StreamState>,
     position: u64,
     tail_changes: watch::Receiver<StreamPosition>,
@@ -94,7 +94,7 @@ pub struct StreamReader {
 
 impl StreamReader {
     pub(crate) async fn open(
-        engine: Engine,
+        store: Arc<RecordStore>,
         state: Arc<StreamState>,
         start: ReadStart,
         clamp: bool,
@@ -102,7 +102,7 @@ impl StreamReader {
         // Subscribe before looking at the tail, so no append slips between the two.
         let tail_changes = state.subscribe();
         let tail = state.tail();
-        let position = match start_seq(&engine, &state, start, tail).await? {
+        let position = match start_seq(&store, &state, start, tail).await? {
             Some(seq) => seq,
             None if clamp => tail.seq_num,
             None => return Err(Error::RangeNotSatisfiable { tail }),
@@ -115,14 +115,14 @@ impl StreamReader {
         if position < compacted_through {
             // Past records that retention removed too, so `position` is the first
             // retained record (what XLEN counts from).
-            position = match engine.metadata().segment_at(state.id, position).await? {
+            position = match store.segment_at(state.id, position).await? {
                 Some(segment) => position.max(segment.start_seq()).min(compacted_through),
                 None => compacted_through,
             };
         }
         Ok(StreamReader {
             position,
-            engine,
+            store,
             state,
             tail_changes,
         })
@@ -147,7 +147,9 @@ impl StreamReader {
     /// when it reaches it. Records trimmed meanwhile are skipped.
     pub async fn next_batch(&mut self, limits: ReadLimits) -> Result<(ReadBatch, bool)> {
         if self.state.is_deleted() {
-            return Err(Error::StreamDeletionPending(self.state.name.to_string()));
+            return Err(Error::DeletionPending(Resource::Stream(
+                self.state.name.clone(),
+            )));
         }
         self.position = self.position.max(self.state.visible().trim_point);
         let compacted_before = self.state.visible().compacted.seq_num;
@@ -180,7 +182,9 @@ impl StreamReader {
     pub async fn wait_for_records(&mut self, deadline: Option<Instant>) -> Result<bool> {
         loop {
             if self.state.is_deleted() {
-                return Err(Error::StreamDeletionPending(self.state.name.to_string()));
+                return Err(Error::DeletionPending(Resource::Stream(
+                    self.state.name.clone(),
+                )));
             }
             if !self.at_tail() {
                 return Ok(true);
@@ -195,6 +199,30 @@ impl StreamReader {
             };
             if outcome.is_err() {
                 return Ok(false);
+            }
+        }
+    }
+
+    /// A single-batch (unary) read from here: the 416 rule for a read at the tail that
+    /// does not wait, bounds capped at one batch, and a wait at the tail of at most
+    /// `MAX_UNARY_WAIT`.
+    pub async fn read_one_batch(&mut self, request: &ReadRequest) -> Result<ReadBatch> {
+        let wait = request.wait.min(MAX_UNARY_WAIT);
+        if wait.is_zero() && self.at_tail() {
+            return Err(Error::RangeNotSatisfiable { tail: self.tail() });
+        }
+        let limits = request.limits.for_one_batch();
+        if limits.count == Some(0) || limits.bytes == Some(0) {
+            return Ok(ReadBatch::default());
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            let (batch, bounded) = self.next_batch(limits).await?;
+            if !batch.records.is_empty() || bounded {
+                return Ok(batch);
+            }
+            if !self.wait_for_records(Some(deadline)).await? {
+                return Ok(ReadBatch::default());
             }
         }
     }
@@ -217,7 +245,7 @@ impl StreamReader {
         let mut first_retained = start_seq;
         if start_seq < compacted_through {
             let in_segments = self
-                .engine
+                .store
                 .segment_locations(self.state.id, start_seq, compacted_through, max_count)
                 .await?;
             first_retained = in_segments
@@ -229,7 +257,7 @@ impl StreamReader {
         let mut records = Vec::new();
         let mut bytes = 0u64;
         for location in &locations {
-            for record in self.engine.load(location).await? {
+            for record in self.store.load(location).await? {
                 // Only records after the ones taken: never one twice or out of order.
                 let next = records
                     .last()
@@ -270,7 +298,7 @@ fn covering(
 /// The sequence number a start selector points at, or `None` if it lies beyond the
 /// tail (`seq_num > tail` or `timestamp > tail timestamp`).
 async fn start_seq(
-    engine: &Engine,
+    store: &RecordStore,
     state: &StreamState,
     start: ReadStart,
     tail: StreamPosition,
@@ -288,7 +316,7 @@ async fn start_seq(
                 (visible.compacted, visible.batches.get(i).cloned())
             };
             if compacted.seq_num > 0 && ts <= compacted.timestamp {
-                if let Some(seq) = engine.seq_at_timestamp_in_segments(state.id, ts).await? {
+                if let Some(seq) = store.seq_at_timestamp_in_segments(state.id, ts).await? {
                     return Ok(Some(seq));
                 }
                 // Those segments are gone (trimmed or expired): the answer lies after them.
@@ -296,7 +324,7 @@ async fn start_seq(
             match location {
                 None => Some(tail.seq_num),
                 Some(location) => {
-                    let records = engine.load(&location).await?;
+                    let records = store.load(&location).await?;
                     Some(
                         records
                             .iter()

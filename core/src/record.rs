@@ -53,6 +53,57 @@ impl AppendRecord {
     }
 }
 
+/// A batch being filled, one record at a time, within the limits of one append: how
+/// front ends that receive records one by one (OTLP items, pipelined XADDs) pack them
+/// into as few appends as they can.
+#[derive(Debug, Default)]
+pub struct BatchPacker {
+    records: Vec<AppendRecord>,
+    metered: u64,
+}
+
+impl BatchPacker {
+    /// Whether one more record of `metered` bytes fits this batch.
+    pub fn fits(&self, metered: u64) -> bool {
+        self.records.len() < MAX_BATCH_RECORDS && self.metered + metered <= MAX_BATCH_METERED_BYTES
+    }
+
+    /// Adds a record (that `fits`).
+    pub fn push(&mut self, record: AppendRecord) {
+        self.metered += record.metered_size();
+        self.records.push(record);
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub fn into_records(self) -> Vec<AppendRecord> {
+        self.records
+    }
+
+    /// Packs `records` in order into as few batches as the limits allow (a record too
+    /// large for any batch gets one of its own, which its append then refuses).
+    pub fn pack(records: impl IntoIterator<Item = AppendRecord>) -> Vec<Vec<AppendRecord>> {
+        let mut batches = Vec::new();
+        let mut current = BatchPacker::default();
+        for record in records {
+            if !current.is_empty() && !current.fits(record.metered_size()) {
+                batches.push(std::mem::take(&mut current).into_records());
+            }
+            current.push(record);
+        }
+        if !current.is_empty() {
+            batches.push(current.into_records());
+        }
+        batches
+    }
+}
+
 impl SequencedRecord {
     pub fn metered_size(&self) -> u64 {
         metered_size(&self.headers, &self.body)
@@ -192,6 +243,14 @@ pub struct AppendAck {
     pub end: StreamPosition,
     /// The stream's tail when the ack was sent.
     pub tail: StreamPosition,
+}
+
+/// The wall clock in milliseconds since the epoch: what records are timestamped with.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use parking_lot::RwLock;
 use tokio::sync::{watch, Mutex};
 
 use crate::config::{StreamConfig, TimestampingMode};
-use crate::error::{Error, Result};
+use crate::error::{Error, Resource, Result};
 use crate::names::StreamName;
 use crate::record::{AppendInput, Command, StreamPosition};
 use crate::wal::{EntrySpan, StoredRecord};
@@ -179,7 +179,7 @@ impl StreamState {
         arrival_ms: u64,
     ) -> Result<SequencedBatch> {
         if self.is_deleted() {
-            return Err(Error::StreamDeletionPending(self.name.to_string()));
+            return Err(Error::DeletionPending(Resource::Stream(self.name.clone())));
         }
         if let Some(token) = &input.fencing_token {
             if *token != state.fencing_token {

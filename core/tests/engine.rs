@@ -14,7 +14,7 @@ use streamgate_core::storage::local_dir::LocalDirObjectStore;
 use streamgate_core::storage::s3::{S3Location, S3ObjectStore};
 use streamgate_core::storage::sql::SqlMetadataStore;
 use streamgate_core::storage::ObjectStore;
-use streamgate_core::{Caller, Engine, EngineSettings, Error};
+use streamgate_core::{Caller, Engine, EngineSettings, Error, Resource};
 use streamgate_tests::backends;
 
 /// An engine, used with full access (the root principal): authorization has its own
@@ -73,7 +73,7 @@ async fn open_with(dir: &Path, settings: EngineSettings) -> TestEngine {
         .await
         .unwrap();
     TestEngine {
-        root: engine.as_root(),
+        root: Caller::root(&engine),
         engine,
         objects,
     }
@@ -426,13 +426,13 @@ async fn a_recreated_stream_never_sees_old_records_and_names_wait_for_deletion()
     engine.delete_stream(&basin(), &s).await.unwrap();
     assert!(matches!(
         engine.append(&basin(), &s, records(&["x"]), None).await,
-        Err(Error::StreamDeletionPending(_))
+        Err(Error::DeletionPending(Resource::Stream(_)))
     ));
     assert!(matches!(
         engine
             .create_stream(&basin(), s.clone(), StreamConfig::default(), None)
             .await,
-        Err(Error::StreamDeletionPending(_))
+        Err(Error::DeletionPending(Resource::Stream(_)))
     ));
     // The reaper finishes the deletion; then the name is free again.
     let mut recreated = false;
@@ -528,7 +528,7 @@ async fn a_missing_chunk_followed_by_many_is_reported_as_corruption() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path()).await;
     let s = setup(&engine, "damaged").await;
-    for i in 0..streamgate_core::engine::MAX_TORN_TAIL + 3 {
+    for i in 0..streamgate_core::MAX_TORN_TAIL + 3 {
         engine
             .append(&basin(), &s, records(&[&format!("r{i}")]), None)
             .await
@@ -537,7 +537,7 @@ async fn a_missing_chunk_followed_by_many_is_reported_as_corruption() {
     let epoch = engine.engine.epoch();
     engine.engine.shutdown().await;
     let chunks = engine.objects.list("wal/").await.unwrap();
-    assert!(chunks.len() > streamgate_core::engine::MAX_TORN_TAIL + 1);
+    assert!(chunks.len() > streamgate_core::MAX_TORN_TAIL + 1);
     engine
         .objects
         .delete(&streamgate_core::wal::chunk_key(epoch, 1))
@@ -590,7 +590,7 @@ async fn auto_creation_follows_the_basin_config() {
     create_auto_creating_basin(&engine).await;
     assert!(matches!(
         engine.check_tail(&basin(), &stream("nope"), None).await,
-        Err(Error::StreamNotFound(_))
+        Err(Error::NotFound(Resource::Stream(_)))
     ));
     let override_config: StreamConfig =
         serde_json::from_str(r#"{"retention_policy":{"age":3600}}"#).unwrap();
@@ -617,7 +617,7 @@ async fn auto_creation_follows_the_basin_config() {
                 None
             )
             .await,
-        Err(Error::BasinNotFound(_))
+        Err(Error::NotFound(Resource::Basin(_)))
     ));
 }
 

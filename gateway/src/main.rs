@@ -108,7 +108,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             max_in_flight: args
                 .flush_in_flight
                 .unwrap_or(default_in_flight)
-                .clamp(1, streamgate_core::engine::MAX_TORN_TAIL),
+                .clamp(1, streamgate_core::MAX_TORN_TAIL),
         },
         cache_bytes: args.cache_mib * 1024 * 1024,
         max_inflight_bytes: args.max_inflight_mib.max(2) * 1024 * 1024,

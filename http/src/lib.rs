@@ -13,7 +13,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
 use bytes::Bytes;
 use streamgate_core::names::BasinName;
-use streamgate_core::{Caller, Engine};
+use streamgate_core::{Caller, Engine, Error};
 
 /// The address of the client a request came from: the HTTP server puts it in every
 /// request's extensions.
@@ -28,30 +28,56 @@ pub fn client_ip(parts: &Parts) -> Option<IpAddr> {
         .map(|ClientAddress(address)| address.ip())
 }
 
-/// The basin a basin-scoped request names: the `s2-basin` header, or a `{basin}.b.…`
-/// host name. The error says what to send instead.
+/// The basin a basin-scoped request names: the `s2-basin` header, or else a
+/// `{basin}.b.…` host name (how S2 clients name a basin in the endpoint instead). The
+/// error says what is wrong, for a `bad_header` answer.
 pub fn basin(parts: &Parts) -> Result<BasinName, String> {
+    if let Some(value) = parts.headers.get("s2-basin") {
+        let name =
+            std::str::from_utf8(value.as_bytes()).map_err(|_| "`s2-basin` is not valid text")?;
+        return BasinName::new(name.trim()).map_err(|e| format!("`s2-basin`: {e}"));
+    }
     let host = parts
         .headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| parts.uri.host());
-    BasinName::of_request(parts.headers.get("s2-basin").map(|v| v.as_bytes()), host)
+    match host.and_then(|h| h.split_once(".b.")) {
+        Some((basin, _)) => BasinName::new(basin).map_err(|e| format!("basin in host name: {e}")),
+        None => Err(
+            "missing header `s2-basin`: name the basin in it, or address the server as `{basin}.b.<host>`"
+                .into(),
+        ),
+    }
 }
 
 /// The engine as the request's `Authorization: Bearer <token>` allows (`authn` when it
 /// is missing, unknown, revoked or expired; `rate_limited` when this client failed too
 /// often lately).
 pub async fn authenticate(engine: &Engine, parts: &Parts) -> streamgate_core::Result<Caller> {
-    let token = bearer(&parts.headers)?;
-    engine.authenticate(token, client_ip(parts)).await
+    let token = bearer_token(&parts.headers)?;
+    Caller::authenticate(engine, token, client_ip(parts)).await
 }
 
-fn bearer(headers: &HeaderMap) -> streamgate_core::Result<&str> {
+/// The secret of the `Authorization: Bearer <token>` header; `authn` when there is none.
+fn bearer_token(headers: &HeaderMap) -> streamgate_core::Result<&str> {
+    let missing = || {
+        Error::Unauthenticated(
+            "missing access token: send `Authorization: Bearer <token>` (the root token is printed at first start and kept in <data-dir>/root-token)"
+                .into(),
+        )
+    };
     let authorization = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    streamgate_core::access::bearer_token(authorization)
+    match authorization.ok_or_else(missing)?.trim().split_once(' ') {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
+        {
+            Ok(token.trim())
+        }
+        _ => Err(missing()),
+    }
 }
 
 /// How long a client may take to send a whole unary request body: a base, plus the

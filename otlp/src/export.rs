@@ -6,9 +6,9 @@ use bytes::Bytes;
 use futures::future::try_join_all;
 use streamgate_core::names::{BasinName, StreamName};
 use streamgate_core::record::{
-    metered_size, AppendInput, AppendRecord, Header, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS,
+    metered_size, AppendInput, AppendRecord, BatchPacker, Header, MAX_BATCH_METERED_BYTES,
 };
-use streamgate_core::{Caller, Error};
+use streamgate_core::{Caller, Error, ErrorKind, Resource};
 
 use crate::request::{Encoding, ParsedGroup};
 use crate::signal::Signal;
@@ -39,15 +39,14 @@ impl Outcome {
     }
 }
 
-/// Why a whole request failed.
-#[derive(Debug)]
-pub(crate) enum ExportError {
-    /// The basin does not exist.
-    NotFound(String),
-    /// Overloaded, shutting down or storage trouble: the exporter should retry.
-    Unavailable(String),
-    /// The token expired mid-request.
-    Unauthenticated(String),
+/// Whether an engine error fails the whole export rather than one stream's part of it:
+/// a missing basin, an expired token, and every transient failure (which exporters
+/// retry). Lasting refusals of one stream (missing and not auto-created, being deleted,
+/// outside the token's scope) are reported as partial success instead.
+fn fails_whole_export(err: &Error) -> bool {
+    matches!(err, Error::NotFound(Resource::Basin(_)))
+        || err.kind().is_retryable()
+        || matches!(err.kind(), ErrorKind::Unauthenticated | ErrorKind::Internal)
 }
 
 /// The records headers of one signal and encoding, and the most body one record holds.
@@ -81,7 +80,7 @@ pub(crate) async fn store(
     basin: &BasinName,
     headers: Vec<Header>,
     groups: Vec<ParsedGroup>,
-) -> Result<Outcome, ExportError> {
+) -> Result<Outcome, Error> {
     let mut outcome = Outcome::default();
     // Per stream, in the order streams first appear in the request.
     let mut work: Vec<StreamWork> = Vec::new();
@@ -114,7 +113,7 @@ pub(crate) async fn store(
         .map(|b| metered_size(&headers, b))
         .sum();
     if caller.is_congested(total) {
-        return Err(ExportError::Unavailable(
+        return Err(Error::Unavailable(
             "the server is writing as fast as storage allows; retry shortly".into(),
         ));
     }
@@ -133,21 +132,11 @@ pub(crate) async fn store(
                 .await
             {
                 Ok(ack) => pending.push(ack),
-                Err(Error::BasinNotFound(_)) => {
-                    return Err(ExportError::NotFound(format!(
-                        "basin `{basin}` does not exist"
-                    )))
-                }
-                Err(e @ (Error::Unavailable(_) | Error::ServerDraining | Error::Storage(_))) => {
-                    return Err(ExportError::Unavailable(e.to_string()))
-                }
-                Err(e @ Error::Unauthenticated(_)) => {
-                    return Err(ExportError::Unauthenticated(e.to_string()))
-                }
+                Err(e) if fails_whole_export(&e) => return Err(e),
                 // A lasting refusal (the stream is missing and the basin does not create
                 // streams on append, is being deleted, is outside the token's scope): the
                 // exporter learns which data was turned away and why, and does not retry
-                // it. Transient failures above are 503s, which exporters retry.
+                // it.
                 Err(e) => {
                     if matches!(e, Error::PermissionDenied(_)) {
                         outcome.denied_groups += stream.groups;
@@ -167,34 +156,15 @@ pub(crate) async fn store(
             outcome.accepted_groups += stream.groups;
         }
     }
-    try_join_all(pending)
-        .await
-        .map_err(|e| ExportError::Unavailable(e.to_string()))?;
+    try_join_all(pending).await?;
     Ok(outcome)
 }
 
-/// Packs records into batches within the limits of one append.
+/// The records of one stream's items, packed into as few appends as the limits allow.
 fn batches(headers: &[Header], bodies: Vec<Bytes>) -> Vec<Vec<AppendRecord>> {
-    let mut batches: Vec<Vec<AppendRecord>> = Vec::new();
-    let mut metered = 0;
-    for body in bodies {
-        let size = metered_size(headers, &body);
-        let full = batches.last().is_none_or(|b| {
-            b.len() == MAX_BATCH_RECORDS || metered + size > MAX_BATCH_METERED_BYTES
-        });
-        if full {
-            batches.push(Vec::new());
-            metered = 0;
-        }
-        metered += size;
-        batches
-            .last_mut()
-            .expect("a batch is open")
-            .push(AppendRecord {
-                timestamp: None,
-                headers: headers.to_vec(),
-                body,
-            });
-    }
-    batches
+    BatchPacker::pack(bodies.into_iter().map(|body| AppendRecord {
+        timestamp: None,
+        headers: headers.to_vec(),
+        body,
+    }))
 }

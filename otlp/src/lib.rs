@@ -23,13 +23,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use prost::Message;
-use streamgate_core::Engine;
+use streamgate_core::{Engine, ErrorKind};
 
 pub use export::{CONTENT_TYPE_HEADER, SIGNAL_HEADER};
 pub use request::Encoding;
 pub use signal::{Signal, STREAM_ATTRIBUTE};
 
-use export::{ExportError, Outcome};
+use export::Outcome;
 
 /// Largest request body accepted, after decompression. Exporters are advised to send
 /// at most 512 KiB; a request may still carry several streams' worth.
@@ -165,43 +165,38 @@ impl Failure {
     }
 }
 
+/// The OTLP answer to each kind of engine failure. Exporters retry 429, 502, 503 and
+/// 504 (after `Retry-After`) and drop data on any other status, so every retryable kind
+/// is a 503 or a 429 here.
+fn status_of(kind: ErrorKind) -> (StatusCode, RpcCode) {
+    match kind {
+        ErrorKind::Invalid => (StatusCode::BAD_REQUEST, RpcCode::InvalidArgument),
+        ErrorKind::NotFound => (StatusCode::NOT_FOUND, RpcCode::NotFound),
+        ErrorKind::Conflict | ErrorKind::ConditionFailed => {
+            (StatusCode::CONFLICT, RpcCode::FailedPrecondition)
+        }
+        ErrorKind::RangeNotSatisfiable => (StatusCode::RANGE_NOT_SATISFIABLE, RpcCode::OutOfRange),
+        ErrorKind::Unauthenticated => (StatusCode::UNAUTHORIZED, RpcCode::Unauthenticated),
+        ErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, RpcCode::PermissionDenied),
+        ErrorKind::RateLimited => (StatusCode::TOO_MANY_REQUESTS, RpcCode::ResourceExhausted),
+        ErrorKind::Unavailable | ErrorKind::StorageFailed => {
+            (StatusCode::SERVICE_UNAVAILABLE, RpcCode::Unavailable)
+        }
+        ErrorKind::NotImplemented => (StatusCode::NOT_IMPLEMENTED, RpcCode::Unimplemented),
+        ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, RpcCode::Internal),
+    }
+}
+
 impl From<streamgate_core::Error> for Failure {
-    /// Authentication failures (the rest reach `store`, which sorts them).
     fn from(err: streamgate_core::Error) -> Failure {
-        let (status, code) = match err {
-            streamgate_core::Error::Unauthenticated(_) => {
-                (StatusCode::UNAUTHORIZED, RpcCode::Unauthenticated)
-            }
-            // Exporters retry 429 and 503 after `Retry-After`.
-            streamgate_core::Error::RateLimited { .. } => {
-                (StatusCode::TOO_MANY_REQUESTS, RpcCode::ResourceExhausted)
-            }
-            _ => (StatusCode::SERVICE_UNAVAILABLE, RpcCode::Unavailable),
-        };
+        let (status, code) = status_of(err.kind());
+        if err.kind().is_retryable() {
+            tracing::debug!(error = %err, "OTLP export turned away for now");
+        }
         Failure {
             status,
             code,
             message: err.to_string(),
-        }
-    }
-}
-
-impl From<ExportError> for Failure {
-    fn from(err: ExportError) -> Failure {
-        let (status, code, message) = match err {
-            ExportError::NotFound(m) => (StatusCode::NOT_FOUND, RpcCode::NotFound, m),
-            ExportError::Unauthenticated(m) => {
-                (StatusCode::UNAUTHORIZED, RpcCode::Unauthenticated, m)
-            }
-            ExportError::Unavailable(m) => {
-                tracing::debug!(message = %m, "OTLP export turned away for now");
-                (StatusCode::SERVICE_UNAVAILABLE, RpcCode::Unavailable, m)
-            }
-        };
-        Failure {
-            status,
-            code,
-            message,
         }
     }
 }
@@ -257,6 +252,10 @@ enum RpcCode {
     NotFound = 5,
     PermissionDenied = 7,
     ResourceExhausted = 8,
+    FailedPrecondition = 9,
+    OutOfRange = 11,
+    Unimplemented = 12,
+    Internal = 13,
     Unavailable = 14,
     Unauthenticated = 16,
 }

@@ -16,9 +16,10 @@ use streamgate_core::Engine;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::command::{self, Command};
-use crate::exec::{Session, XaddBatch};
+use crate::cmd::xadd::{self, XaddBatch};
+use crate::cmd::{self, Command};
 use crate::reply::Reply;
+use crate::session::Session;
 use crate::RespSettings;
 
 /// Bytes read ahead while a command runs (a client pipelining behind a blocked XREAD):
@@ -74,7 +75,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                     return Ok(()); // the stream cannot be resynchronised
                 }
             };
-            let command = command::parse(args);
+            let command = cmd::parse(args);
             // Gather pipelined XADDs per stream.
             if let Ok(Command::XAdd {
                 key,
@@ -86,12 +87,12 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                 if session.authenticated() {
                     if let Some(current) = &mut batch {
                         if current.accepts(key, fields) {
-                            current.push(fields.clone());
+                            current.push(fields);
                             continue;
                         }
                     }
                     flush_batch(&mut session, &mut batch, &mut pending).await;
-                    match XaddBatch::start(key.clone(), fields.clone()) {
+                    match XaddBatch::start(key.clone(), fields) {
                         Ok(started) => batch = Some(started),
                         Err(reply) => {
                             pending.push_back(Box::pin(async move { (vec![reply], false) }))
@@ -110,7 +111,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                 Ok(command) => {
                     // While a command runs (an XREAD may block for long), keep watching
                     // the socket: a client that hangs up cancels its blocked read.
-                    let execution = session.execute(command, &mut shutdown);
+                    let execution = cmd::execute(&mut session, command, &mut shutdown);
                     tokio::pin!(execution);
                     loop {
                         tokio::select! {
@@ -198,7 +199,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 /// Submits the gathered XADDs as one append; its replies join the queue.
 async fn flush_batch(session: &mut Session, batch: &mut Option<XaddBatch>, pending: &mut Pending) {
     if let Some(batch) = batch.take() {
-        pending.push_back(session.submit_xadds(batch).await);
+        pending.push_back(xadd::submit(session, batch).await);
     }
 }
 

@@ -1,17 +1,25 @@
 //! streamgate-resp: Redis Streams over RESP2/RESP3, on the streamgate engine.
 //!
-//! One task per connection (`connection`), commands parsed into [`command::Command`]
-//! and executed against the engine (`exec`), entries encoded as the Redis Streams
-//! integration page defines (`entry`), replies encoded per protocol (`reply`).
+//! In the shape of tokio's mini-redis:
+//! - `request` scans requests off the wire (bounded, incremental); `reply` encodes
+//!   replies per protocol version;
+//! - `connection` is one connection's loop: pipelining, gathering XADDs, reply order;
+//! - `session` holds who is authenticated in which basin, and the error-reply table;
+//! - `cmd` has one file per command (or family) with its parsing and execution;
+//! - `permissions` is the docs' table of the operations each command needs;
+//! - `streams` translates entry IDs to stream positions and reads entries;
+//! - `entry` is the entry encoding (fields as headers) and the entry ID format.
 
-pub mod command;
+mod cmd;
 mod connection;
-pub mod entry;
-mod exec;
+mod entry;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
-pub mod reply;
-pub mod request;
+mod permissions;
+mod reply;
+mod request;
+mod session;
+mod streams;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

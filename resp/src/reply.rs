@@ -33,10 +33,6 @@ impl Reply {
         Reply::Bulk(text.into())
     }
 
-    pub fn is_error(&self) -> bool {
-        matches!(self, Reply::Error(_))
-    }
-
     fn resp2(&self) -> Resp2 {
         match self {
             Reply::Simple(s) => Resp2::SimpleString(Bytes::from_static(s.as_bytes())),

@@ -72,25 +72,6 @@ impl AccessTokenInfo {
     }
 }
 
-/// The secret of an `Authorization: Bearer <token>` header value; `authn` when there
-/// is none.
-pub fn bearer_token(authorization: Option<&str>) -> Result<&str> {
-    let missing = || {
-        Error::Unauthenticated(
-            "missing access token: send `Authorization: Bearer <token>` (the root token is printed at first start and kept in <data-dir>/root-token)"
-                .into(),
-        )
-    };
-    match authorization.ok_or_else(missing)?.trim().split_once(' ') {
-        Some((scheme, token))
-            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
-        {
-            Ok(token.trim())
-        }
-        _ => Err(missing()),
-    }
-}
-
 /// Checks a request to issue `new` on behalf of `issuer`, and gives `new` the issuer's
 /// expiry when it names none. Broader access than the issuer's is `permission_denied`;
 /// a malformed request is `invalid`.

@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use super::principal::Principal;
 use super::throttle::FailedAuthThrottle;
 use super::{secret, AccessTokenInfo, Scope, ROOT_TOKEN_ID};
-use crate::error::{Error, Result};
+use crate::error::{Error, Resource, Result};
 use crate::storage::metadata::{ListPage, ListRange, MetadataStore};
 
 /// How long a verified token is trusted without asking the metadata store again: the
@@ -250,7 +250,7 @@ impl TokenRegistry {
 
     pub(crate) async fn revoke(&self, id: &str) -> Result<()> {
         if !self.lookups.metadata.delete_access_token(id).await? {
-            return Err(Error::AccessTokenNotFound(id.to_owned()));
+            return Err(Error::NotFound(Resource::AccessToken(id.to_owned())));
         }
         // This node stops honouring it at once; others within CACHE_TTL.
         self.lookups

@@ -315,7 +315,7 @@ impl ObjectStore for LocalDirObjectStore {
         let this = self.clone();
         tokio::task::spawn_blocking(move || this.put_blocking(&path, &data))
             .await
-            .map_err(Error::storage)?
+            .map_err(|e| Error::internal("a file task did not finish", e))?
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
@@ -326,7 +326,7 @@ impl ObjectStore for LocalDirObjectStore {
             Err(e) => Err(io_error(&path, e)),
         })
         .await
-        .map_err(Error::storage)?
+        .map_err(|e| Error::internal("a file task did not finish", e))?
     }
 
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
@@ -353,7 +353,7 @@ impl ObjectStore for LocalDirObjectStore {
             read().map(Bytes::from).map_err(|e| io_error(&path, e))
         })
         .await
-        .map_err(Error::storage)?
+        .map_err(|e| Error::internal("a file task did not finish", e))?
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>> {
@@ -366,7 +366,7 @@ impl ObjectStore for LocalDirObjectStore {
             Ok(keys)
         })
         .await
-        .map_err(Error::storage)?
+        .map_err(|e| Error::internal("a file task did not finish", e))?
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
@@ -384,7 +384,7 @@ impl ObjectStore for LocalDirObjectStore {
             removed
         })
         .await
-        .map_err(Error::storage)?
+        .map_err(|e| Error::internal("a file task did not finish", e))?
     }
 
     fn describe(&self) -> String {
@@ -482,7 +482,7 @@ fn remove_leftovers(dir: &Path) -> Result<()> {
 }
 
 fn io_error(path: &Path, err: std::io::Error) -> Error {
-    Error::storage(format!("{}: {err}", path.display()))
+    Error::storage_caused(path.display().to_string(), err)
 }
 
 #[cfg(test)]

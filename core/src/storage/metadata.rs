@@ -61,7 +61,7 @@ pub enum Created<T> {
 
 #[async_trait]
 pub trait MetadataStore: Send + Sync + 'static {
-    /// Creates a basin. Fails with `AlreadyExists` (or `BasinDeletionPending` while a
+    /// Creates a basin. Fails with `AlreadyExists` (or `DeletionPending` while a
     /// basin of that name is being deleted), unless the existing basin was created with
     /// the same request token, which returns it as `Created::Existing`.
     async fn create_basin(&self, basin: BasinRecord) -> Result<Created<BasinRecord>>;
@@ -74,7 +74,7 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Forgets a basin whose deletion has completed.
     async fn remove_basin(&self, name: &BasinName) -> Result<()>;
 
-    /// Creates a stream, with the same rules as `create_basin` (`StreamDeletionPending`
+    /// Creates a stream, with the same rules as `create_basin` (`DeletionPending`
     /// while a stream of that name is being deleted). The id is assigned by the store.
     async fn create_stream(&self, stream: StreamRecord) -> Result<Created<StreamRecord>>;
     async fn get_stream(
@@ -161,7 +161,7 @@ pub trait MetadataStore: Send + Sync + 'static {
 /// The behaviour every `MetadataStore` must show; each backend's tests call this.
 #[cfg(test)]
 pub(crate) async fn conformance(store: &dyn MetadataStore) {
-    use crate::error::Error;
+    use crate::error::{Error, Resource};
 
     let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
     let basin = |name: &str, token: Option<&str>| BasinRecord {
@@ -244,7 +244,7 @@ pub(crate) async fn conformance(store: &dyn MetadataStore) {
     store.mark_stream_deleted(a.id, now).await.unwrap();
     assert!(matches!(
         store.create_stream(stream("a/1")).await,
-        Err(Error::StreamDeletionPending(_))
+        Err(Error::DeletionPending(Resource::Stream(_)))
     ));
     let listed = store
         .list_streams(
@@ -288,19 +288,19 @@ pub(crate) async fn conformance(store: &dyn MetadataStore) {
     };
     assert!(matches!(
         store.create_stream(orphan).await,
-        Err(Error::BasinNotFound(_))
+        Err(Error::NotFound(Resource::Basin(_)))
     ));
 
     // Deleting a basin marks its streams deleted too, and blocks the name until removed.
     store.mark_basin_deleted(&one, now).await.unwrap();
     assert!(matches!(
         store.create_stream(stream("late")).await,
-        Err(Error::BasinDeletionPending(_))
+        Err(Error::DeletionPending(Resource::Basin(_)))
     ));
     assert!(store.live_streams().await.unwrap().is_empty());
     assert!(matches!(
         store.create_basin(basin("basin-one", None)).await,
-        Err(Error::BasinDeletionPending(_))
+        Err(Error::DeletionPending(Resource::Basin(_)))
     ));
     let (streams, basins) = store.pending_deletions().await.unwrap();
     assert_eq!(streams.len(), 2);

@@ -149,7 +149,7 @@ where
     if transient {
         Error::Unavailable(message)
     } else {
-        Error::Storage(message)
+        Error::storage(message)
     }
 }
 

@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use streamgate_core::Error;
+use streamgate_core::{Error, ErrorKind};
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -73,53 +73,52 @@ impl ApiError {
     }
 }
 
+/// The REST (and S2S terminal) answer to each kind of engine failure.
+fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::ConditionFailed => StatusCode::PRECONDITION_FAILED,
+        ErrorKind::RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
+        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+        ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::StorageFailed | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::NotImplemented => StatusCode::NOT_IMPLEMENTED,
+    }
+}
+
 impl From<Error> for ApiError {
     fn from(err: Error) -> Self {
-        let status = match &err {
-            Error::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Error::BasinNotFound(_) | Error::StreamNotFound(_) | Error::AccessTokenNotFound(_) => {
-                StatusCode::NOT_FOUND
-            }
-            Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-            Error::PermissionDenied(_) => StatusCode::FORBIDDEN,
-            Error::AlreadyExists(_)
-            | Error::BasinDeletionPending(_)
-            | Error::StreamDeletionPending(_) => StatusCode::CONFLICT,
-            Error::SeqNumMismatch(next) => {
-                return Self {
-                    status: StatusCode::PRECONDITION_FAILED,
-                    body: json!({ "seq_num_mismatch": next }),
-                    retry_after: None,
-                }
-            }
-            Error::FencingTokenMismatch(token) => {
-                return Self {
-                    status: StatusCode::PRECONDITION_FAILED,
-                    body: json!({ "fencing_token_mismatch": token }),
-                    retry_after: None,
-                }
-            }
+        let status = status_of(err.kind());
+        // The documented structured bodies; every other error is `{code, message}`.
+        let structured = match &err {
+            Error::SeqNumMismatch(next) => Some(json!({ "seq_num_mismatch": next })),
+            Error::FencingTokenMismatch(token) => Some(json!({ "fencing_token_mismatch": token })),
             Error::RangeNotSatisfiable { tail } => {
-                return Self {
-                    status: StatusCode::RANGE_NOT_SATISFIABLE,
-                    body: json!({ "tail": { "seq_num": tail.seq_num, "timestamp": tail.timestamp } }),
-                    retry_after: None,
-                }
+                Some(json!({ "tail": { "seq_num": tail.seq_num, "timestamp": tail.timestamp } }))
             }
-            Error::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Error::Unavailable(_) | Error::ServerDraining => StatusCode::SERVICE_UNAVAILABLE,
-            Error::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
-            Error::RateLimited { retry_after, .. } => {
-                return Self {
-                    retry_after: Some(retry_after.as_secs_f64().ceil().max(1.0) as u64),
-                    ..Self::standard(StatusCode::TOO_MANY_REQUESTS, err.code(), &err)
-                }
-            }
+            _ => None,
         };
+        if let Some(body) = structured {
+            return Self {
+                status,
+                body,
+                retry_after: None,
+            };
+        }
         if status.is_server_error() && !matches!(err, Error::ServerDraining) {
             tracing::warn!(code = err.code(), error = %err, "request failed");
         }
-        let retry_after = (status == StatusCode::SERVICE_UNAVAILABLE).then_some(1);
+        let retry_after = match &err {
+            Error::RateLimited { retry_after, .. } => {
+                Some(retry_after.as_secs_f64().ceil().max(1.0) as u64)
+            }
+            _ if status == StatusCode::SERVICE_UNAVAILABLE => Some(1),
+            _ => None,
+        };
         Self {
             retry_after,
             ..Self::standard(status, err.code(), &err)

@@ -10,7 +10,7 @@ use axum::body::Bytes;
 use axum::response::Response;
 use rand::Rng;
 use streamgate_core::read::{ReadBatch, ReadLimits, StreamReader};
-use streamgate_core::record::{StreamPosition, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS};
+use streamgate_core::record::StreamPosition;
 use streamgate_core::Caller;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -205,26 +205,15 @@ async fn run<E: SessionEncoder>(
         if remaining_count == Some(0) || remaining_bytes == Some(0) {
             break;
         }
-        // Checked before every batch and after every heartbeat: a token revoked or
-        // expired while the session is open ends it.
-        if let Err(err) = caller.still_valid().await {
-            let _ = out.send(encoder.error(&ApiError::from(err))).await;
-            return;
-        }
         let limits = ReadLimits {
-            count: Some(
-                remaining_count
-                    .unwrap_or(u64::MAX)
-                    .min(MAX_BATCH_RECORDS as u64),
-            ),
-            bytes: Some(
-                remaining_bytes
-                    .unwrap_or(u64::MAX)
-                    .min(MAX_BATCH_METERED_BYTES),
-            ),
+            count: remaining_count,
+            bytes: remaining_bytes,
             until: bounds.until,
-        };
-        let (batch, bounded) = match reader.next_batch(limits).await {
+        }
+        .for_one_batch();
+        // The caller re-checks its token before every batch: a token revoked or
+        // expired while the session is open ends it.
+        let (batch, bounded) = match caller.next_batch(&mut reader, limits).await {
             Ok(next) => next,
             Err(err) => {
                 let _ = out.send(encoder.error(&ApiError::from(err))).await;

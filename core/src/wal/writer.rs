@@ -252,7 +252,7 @@ impl WalWriter {
         async move {
             let outcome = match task.await {
                 Ok(outcome) => outcome,
-                Err(join) => Err(Error::storage(format!("WAL flush task failed: {join}"))),
+                Err(join) => Err(Error::internal("the WAL flush task did not finish", join)),
             };
             (Flight { key, appends }, outcome)
         }

@@ -8,6 +8,9 @@
 //! Record: u64 timestamp | u32 header count | (u32 len, name, u32 len, value)* | u32 len, body
 //! Integers are big-endian.
 
+pub(crate) mod recovery;
+pub(crate) mod writer;
+
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::error::{Error, Result};

@@ -1,0 +1,196 @@
+//! The appender: admission of appends into the write-ahead log. It refuses appends while
+//! the log cannot be written or the server drains, holds each batch to its share of the
+//! in-flight byte budget, sequences it under its stream's sequencer lock and hands it to
+//! the WAL writer, which acknowledges it once durable.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::error::{Error, Result};
+use crate::record::{AppendAck, AppendInput, ValidBatch};
+use crate::stream::StreamState;
+use crate::wal::writer::{PendingAppend, WalHealth};
+
+/// The longest an append waits for room in the in-flight budget before it is refused
+/// with a retryable error.
+const MAX_BUDGET_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a shutdown waits for accepted appends to become durable. Past it (the store
+/// is away), the process exits with them unacknowledged: nothing acknowledged is lost.
+const MAX_SHUTDOWN_WAIT: Duration = Duration::from_secs(20);
+
+pub(crate) struct Appender {
+    /// `None` once shutdown began: no append enters the log after that.
+    wal: RwLock<Option<mpsc::Sender<PendingAppend>>>,
+    wal_task: Mutex<Option<JoinHandle<()>>>,
+    wal_health: WalHealth,
+    draining: AtomicBool,
+    /// The in-flight byte budget, in KiB permits.
+    inflight: Arc<Semaphore>,
+    max_inflight_bytes: usize,
+}
+
+/// The acknowledgement of a submitted append: resolves once the batch is durable.
+pub struct PendingAck(oneshot::Receiver<Result<AppendAck>>);
+
+impl std::future::Future for PendingAck {
+    type Output = Result<AppendAck>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx).map(|outcome| {
+            outcome
+                .unwrap_or_else(|_| Err(Error::Unavailable("the write-ahead log stopped".into())))
+        })
+    }
+}
+
+impl Appender {
+    pub fn new(
+        appends: mpsc::Sender<PendingAppend>,
+        wal_task: JoinHandle<()>,
+        wal_health: WalHealth,
+        max_inflight_bytes: usize,
+    ) -> Self {
+        Self {
+            wal: RwLock::new(Some(appends)),
+            wal_task: Mutex::new(Some(wal_task)),
+            wal_health,
+            draining: AtomicBool::new(false),
+            inflight: Arc::new(Semaphore::new((max_inflight_bytes / 1024).max(1))),
+            max_inflight_bytes,
+        }
+    }
+
+    /// Sequences a checked batch on `stream` now and returns its acknowledgement to
+    /// await. Batches submitted one after another are sequenced, made durable and
+    /// acknowledged in that order. An error means the batch was not appended.
+    pub async fn submit(
+        &self,
+        stream: &Arc<StreamState>,
+        input: AppendInput,
+        valid: ValidBatch,
+        now_ms: u64,
+    ) -> Result<PendingAck> {
+        // Waiting for budget changes nothing, so a request dropped here leaves no trace.
+        // A budget that stays spent this long means the store is not keeping up (or is
+        // away): the client is told to retry rather than left waiting without end.
+        let budget = tokio::time::timeout(
+            MAX_BUDGET_WAIT,
+            self.inflight
+                .clone()
+                .acquire_many_owned(self.budget_kib(valid.metered)),
+        )
+        .await
+        .map_err(|_| {
+            Error::Unavailable(format!(
+                "the server's {} MiB of memory for appends on their way to durability \
+                 stayed full for {} s; retry shortly",
+                self.max_inflight_bytes / (1024 * 1024),
+                MAX_BUDGET_WAIT.as_secs()
+            ))
+        })?
+        .map_err(|_| Error::ServerDraining)?;
+        // The store may have started failing while this append waited.
+        self.check_accepting()?;
+        let (done, ack) = oneshot::channel();
+        // Holding a sender keeps the writer running until this batch is in its queue.
+        let wal = self.wal.read().clone();
+        let wal = wal.ok_or(Error::ServerDraining)?;
+        let mut sequencer = stream.sequencer().lock().await;
+        // The queue slot is reserved before anything is sequenced: if this future is
+        // dropped while waiting (a client hanging up under load), nothing has changed.
+        // Once sequenced, the hand-off below cannot wait or fail, and it happens while
+        // the sequencer is held, so batches enter the log in sequence order.
+        let slot = wal
+            .reserve()
+            .await
+            .map_err(|_| Error::Unavailable("the write-ahead log writer stopped".into()))?;
+        let batch = stream.sequence(&mut sequencer, input, &valid.commands, now_ms)?;
+        slot.send(PendingAppend {
+            batch,
+            done,
+            _budget: budget,
+        });
+        Ok(PendingAck(ack))
+    }
+
+    /// The share of the in-flight byte budget a batch of `metered` bytes takes, in KiB.
+    fn budget_kib(&self, metered: u64) -> u32 {
+        let total = self.max_inflight_bytes / 1024;
+        (metered.div_ceil(1024) as usize).clamp(1, total.max(1)) as u32
+    }
+
+    /// Whether an append of `metered` bytes would have to wait now because the bytes
+    /// already on their way to durability use up the in-flight budget.
+    pub fn is_congested(&self, metered: u64) -> bool {
+        self.inflight.available_permits() < self.budget_kib(metered) as usize
+    }
+
+    /// Refuses appends, before they are sequenced, while the log cannot take them.
+    pub fn check_accepting(&self) -> Result<()> {
+        if let Some(reason) = self.wal_health.borrow().refusal() {
+            return Err(Error::Unavailable(reason));
+        }
+        if self.wal_writer_stopped() {
+            return Err(Error::Unavailable(
+                "the write-ahead log writer stopped unexpectedly (see the server log); \
+                 restart streamgate, which recovers every acknowledged record"
+                    .into(),
+            ));
+        }
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(Error::ServerDraining);
+        }
+        Ok(())
+    }
+
+    /// Why appends cannot be served now, if they cannot (for readiness).
+    pub fn unready_reason(&self) -> Option<String> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Some("the server is shutting down".into());
+        }
+        if self.wal_writer_stopped() {
+            return Some("the write-ahead log writer stopped; see the server log".into());
+        }
+        self.wal_health.borrow().unready_reason()
+    }
+
+    /// Whether the WAL writer ended while the server was not shutting down (it
+    /// panicked): no append can be made durable any more.
+    fn wal_writer_stopped(&self) -> bool {
+        self.wal_task
+            .lock()
+            .as_ref()
+            .is_some_and(JoinHandle::is_finished)
+    }
+
+    /// New appends are refused with `server_draining`; accepted ones go on.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Closes the log to appends and waits (a bounded time) until every accepted one is
+    /// durable and acknowledged.
+    pub async fn close(&self) {
+        self.begin_drain();
+        self.wal.write().take();
+        let task = self.wal_task.lock().take();
+        if let Some(task) = task {
+            if tokio::time::timeout(MAX_SHUTDOWN_WAIT, task).await.is_err() {
+                tracing::error!(
+                    "the record store did not take the last appends within {} s; exiting \
+                     without them (they were never acknowledged)",
+                    MAX_SHUTDOWN_WAIT.as_secs()
+                );
+            }
+        }
+    }
+}

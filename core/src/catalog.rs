@@ -1,0 +1,370 @@
+//! The catalog: basins and streams as the metadata store keeps them — create (with
+//! idempotent retries), ensure, configure, list and delete — kept in step with the
+//! stream registry, and the lookup of a live stream (creating it when the basin says
+//! so) that every append and read starts with.
+
+use std::sync::Arc;
+
+use time::OffsetDateTime;
+
+use crate::config::{
+    BasinConfig, BasinReconfiguration, StorageClass, StreamConfig, StreamReconfiguration,
+};
+use crate::error::{Error, Resource, Result};
+use crate::names::{BasinName, StreamName};
+use crate::registry::StreamRegistry;
+use crate::storage::metadata::{Created, ListRange};
+use crate::storage::{BasinRecord, ListPage, MetadataStore, StreamRecord};
+use crate::stream::StreamState;
+
+/// What an ensure (PUT) call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provisioned {
+    Created,
+    Updated,
+    Unchanged,
+}
+
+/// Which kind of access may create a missing stream (`create_stream_on_append|read`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AutoCreate {
+    OnAppend,
+    OnRead,
+}
+
+pub(crate) struct Catalog {
+    metadata: Arc<dyn MetadataStore>,
+    registry: Arc<StreamRegistry>,
+    /// The one location this server offers.
+    location: String,
+    /// Storage class of streams that do not choose one.
+    default_storage_class: StorageClass,
+}
+
+fn now_utc() -> OffsetDateTime {
+    let now = OffsetDateTime::now_utc();
+    now.replace_nanosecond(now.millisecond() as u32 * 1_000_000)
+        .unwrap_or(now)
+}
+
+/// What makes two create calls "the same call": the request token and the requested
+/// configuration. A retry with the same token but another body is a conflict.
+fn idempotency_key<T: serde::Serialize>(token: Option<&str>, requested: &T) -> Option<String> {
+    token.map(|t| {
+        format!(
+            "{t}\n{}",
+            serde_json::to_string(requested).unwrap_or_default()
+        )
+    })
+}
+
+/// Runs a metadata change to completion even if the caller stops waiting (a client
+/// hanging up), so the metadata and the stream registry never disagree.
+async fn detached<T: Send + 'static>(
+    change: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    tokio::spawn(change)
+        .await
+        .map_err(|e| Error::internal("a metadata change did not finish", e))?
+}
+
+impl Catalog {
+    pub fn new(
+        metadata: Arc<dyn MetadataStore>,
+        registry: Arc<StreamRegistry>,
+        location: String,
+        default_storage_class: StorageClass,
+    ) -> Self {
+        Self {
+            metadata,
+            registry,
+            location,
+            default_storage_class,
+        }
+    }
+
+    // ---- basins ----
+
+    pub async fn create_basin(
+        &self,
+        name: BasinName,
+        config: BasinConfig,
+        request_token: Option<&str>,
+    ) -> Result<BasinRecord> {
+        config.validate()?;
+        let record = BasinRecord {
+            name,
+            location: self.location.clone(),
+            idempotency_key: idempotency_key(request_token, &config),
+            config,
+            created_at: now_utc(),
+            deleted_at: None,
+        };
+        match self.metadata.create_basin(record).await? {
+            Created::New(basin) | Created::Existing(basin) => Ok(basin),
+        }
+    }
+
+    /// Creates the basin, or replaces its whole configuration if it exists.
+    pub async fn ensure_basin(
+        &self,
+        name: BasinName,
+        config: BasinConfig,
+    ) -> Result<(BasinRecord, Provisioned)> {
+        config.validate()?;
+        match self.metadata.get_basin(&name).await? {
+            Some(existing) if existing.deleted_at.is_some() => {
+                Err(Error::DeletionPending(Resource::Basin(name.to_string())))
+            }
+            Some(existing) if existing.config == config => Ok((existing, Provisioned::Unchanged)),
+            Some(mut existing) => {
+                self.metadata.set_basin_config(&name, &config).await?;
+                existing.config = config;
+                Ok((existing, Provisioned::Updated))
+            }
+            None => Ok((
+                self.create_basin(name, config, None).await?,
+                Provisioned::Created,
+            )),
+        }
+    }
+
+    pub async fn basin(&self, name: &BasinName) -> Result<BasinRecord> {
+        self.metadata
+            .get_basin(name)
+            .await?
+            .ok_or_else(|| Error::NotFound(Resource::Basin(name.to_string())))
+    }
+
+    /// A basin that exists and is not being deleted.
+    async fn active_basin(&self, name: &BasinName) -> Result<BasinRecord> {
+        let basin = self.basin(name).await?;
+        if basin.deleted_at.is_some() {
+            return Err(Error::DeletionPending(Resource::Basin(name.to_string())));
+        }
+        Ok(basin)
+    }
+
+    pub async fn reconfigure_basin(
+        &self,
+        name: &BasinName,
+        change: &BasinReconfiguration,
+    ) -> Result<BasinConfig> {
+        let basin = self.active_basin(name).await?;
+        let config = change.apply(&basin.config)?;
+        self.metadata.set_basin_config(name, &config).await?;
+        Ok(config)
+    }
+
+    pub async fn list_basins(&self, range: &ListRange) -> Result<ListPage<BasinRecord>> {
+        self.metadata.list_basins(range).await
+    }
+
+    pub async fn delete_basin(&self, name: &BasinName) -> Result<()> {
+        let basin = self.basin(name).await?;
+        let metadata = self.metadata.clone();
+        let registry = self.registry.clone();
+        let name = name.clone();
+        detached(async move {
+            // Already marked (perhaps by an earlier call whose answer was lost): its
+            // streams still leave the registry below.
+            if basin.deleted_at.is_none() {
+                metadata.mark_basin_deleted(&name, now_utc()).await?;
+            }
+            registry.remove_basin(&name);
+            Ok(())
+        })
+        .await
+    }
+
+    // ---- streams ----
+
+    fn resolve_config(&self, basin: &BasinRecord, requested: &StreamConfig) -> StreamConfig {
+        requested.resolve(
+            &basin.config.default_stream_config.unwrap_or_default(),
+            self.default_storage_class,
+        )
+    }
+
+    pub async fn create_stream(
+        &self,
+        basin: &BasinName,
+        name: StreamName,
+        config: StreamConfig,
+        request_token: Option<&str>,
+    ) -> Result<StreamRecord> {
+        config.validate()?;
+        let basin = self.active_basin(basin).await?;
+        let record = StreamRecord {
+            id: 0,
+            basin: basin.name.clone(),
+            name,
+            config: self.resolve_config(&basin, &config),
+            created_at: now_utc(),
+            deleted_at: None,
+            idempotency_key: idempotency_key(request_token, &config),
+        };
+        let metadata = self.metadata.clone();
+        let registry = self.registry.clone();
+        detached(async move {
+            let record = match metadata.create_stream(record).await? {
+                Created::New(record) | Created::Existing(record) => record,
+            };
+            registry.register(&record);
+            Ok(record)
+        })
+        .await
+    }
+
+    pub async fn ensure_stream(
+        &self,
+        basin: &BasinName,
+        name: StreamName,
+        config: StreamConfig,
+    ) -> Result<(StreamRecord, Provisioned)> {
+        config.validate()?;
+        let basin_record = self.active_basin(basin).await?;
+        let resolved = self.resolve_config(&basin_record, &config);
+        match self.metadata.get_stream(basin, &name).await? {
+            Some(existing) if existing.deleted_at.is_some() => {
+                Err(Error::DeletionPending(Resource::Stream(name)))
+            }
+            Some(existing) if existing.config == resolved => Ok((existing, Provisioned::Unchanged)),
+            Some(mut existing) => {
+                self.metadata
+                    .set_stream_config(existing.id, &resolved)
+                    .await?;
+                if let Some(state) = self.registry.get(basin, &name) {
+                    state.set_config(resolved);
+                }
+                existing.config = resolved;
+                Ok((existing, Provisioned::Updated))
+            }
+            None => match self.create_stream(basin, name.clone(), config, None).await {
+                Ok(record) => Ok((record, Provisioned::Created)),
+                // Lost a race with another creator: the stream now exists as asked.
+                Err(Error::AlreadyExists(_)) => {
+                    Box::pin(self.ensure_stream(basin, name, config)).await
+                }
+                Err(err) => Err(err),
+            },
+        }
+    }
+
+    /// Explains why a stream is not live: its basin or it is missing or being deleted.
+    async fn missing_stream_error(&self, basin: &BasinName, name: &StreamName) -> Error {
+        match self.active_basin(basin).await {
+            Err(err) => err,
+            Ok(_) => match self.metadata.get_stream(basin, name).await {
+                Ok(Some(record)) if record.deleted_at.is_some() => {
+                    Error::DeletionPending(Resource::Stream(name.clone()))
+                }
+                Ok(_) => Error::NotFound(Resource::Stream(name.clone())),
+                Err(err) => err,
+            },
+        }
+    }
+
+    /// A live stream, from the registry or else from the metadata: one the registry does
+    /// not know yet (its registration was cut short, or a concurrent creator has not
+    /// registered it yet) holds no records yet, so registering it here is safe.
+    async fn known_stream(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+    ) -> Result<Option<Arc<StreamState>>> {
+        if let Some(state) = self.registry.get(basin, name) {
+            return Ok(Some(state));
+        }
+        match self.metadata.get_stream(basin, name).await? {
+            Some(record) if record.deleted_at.is_none() => {
+                self.registry.register(&record);
+                Ok(self.registry.get(basin, name))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// A live stream, created on the spot if the basin allows it for this kind of access
+    /// (`create` is `Some` for accesses that may create, with the requested config).
+    pub async fn stream_for(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        create: Option<(AutoCreate, &StreamConfig)>,
+    ) -> Result<Arc<StreamState>> {
+        if let Some(state) = self.known_stream(basin, name).await? {
+            return Ok(state);
+        }
+        if let Some((kind, config)) = create {
+            let basin_record = self.active_basin(basin).await?;
+            let allowed = match kind {
+                AutoCreate::OnAppend => basin_record.config.create_stream_on_append,
+                AutoCreate::OnRead => basin_record.config.create_stream_on_read,
+            };
+            if allowed {
+                config.validate()?;
+                match self.create_stream(basin, name.clone(), *config, None).await {
+                    Ok(_) | Err(Error::AlreadyExists(_)) => {}
+                    Err(err) => return Err(err),
+                }
+                // `AlreadyExists`: a concurrent auto-creation won, and may not have
+                // registered the stream yet.
+                if let Some(state) = self.known_stream(basin, name).await? {
+                    return Ok(state);
+                }
+            }
+        }
+        Err(self.missing_stream_error(basin, name).await)
+    }
+
+    pub async fn stream_config(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+    ) -> Result<StreamConfig> {
+        Ok(self.stream_for(basin, name, None).await?.config())
+    }
+
+    pub async fn reconfigure_stream(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        change: &StreamReconfiguration,
+    ) -> Result<StreamConfig> {
+        let state = self.stream_for(basin, name, None).await?;
+        let basin_record = self.active_basin(basin).await?;
+        let config = self.resolve_config(&basin_record, &change.apply(&state.config())?);
+        self.metadata.set_stream_config(state.id, &config).await?;
+        state.set_config(config);
+        Ok(config)
+    }
+
+    pub async fn list_streams(
+        &self,
+        basin: &BasinName,
+        range: &ListRange,
+    ) -> Result<ListPage<StreamRecord>> {
+        self.basin(basin).await?;
+        self.metadata.list_streams(basin, range).await
+    }
+
+    pub async fn delete_stream(&self, basin: &BasinName, name: &StreamName) -> Result<()> {
+        let record = match self.metadata.get_stream(basin, name).await? {
+            Some(record) => record,
+            None => return Err(self.missing_stream_error(basin, name).await),
+        };
+        let metadata = self.metadata.clone();
+        let registry = self.registry.clone();
+        detached(async move {
+            // Already marked (perhaps by an earlier call whose answer was lost): the
+            // stream still leaves the registry below.
+            if record.deleted_at.is_none() {
+                metadata.mark_stream_deleted(record.id, now_utc()).await?;
+            }
+            registry.remove(&record.basin, &record.name, record.id);
+            Ok(())
+        })
+        .await
+    }
+}

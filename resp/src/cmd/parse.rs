@@ -1,0 +1,31 @@
+//! What every command's parser shares: argument words, numbers, IDs and the standard
+//! error replies for malformed commands.
+
+use crate::entry::IdArg;
+
+pub(crate) fn upper(arg: &[u8]) -> String {
+    String::from_utf8_lossy(arg).to_ascii_uppercase()
+}
+
+pub(crate) fn arity(name: &str) -> String {
+    format!(
+        "ERR wrong number of arguments for '{}' command",
+        name.to_ascii_lowercase()
+    )
+}
+
+pub(crate) fn syntax() -> String {
+    "ERR syntax error".into()
+}
+
+pub(crate) fn integer(arg: &[u8]) -> Result<u64, String> {
+    std::str::from_utf8(arg)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| "ERR value is not an integer or out of range".to_string())
+}
+
+pub(crate) fn id(arg: &[u8]) -> Result<IdArg, String> {
+    IdArg::parse(arg)
+        .ok_or_else(|| "ERR Invalid stream ID specified as stream command argument".to_string())
+}
