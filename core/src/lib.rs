@@ -22,15 +22,15 @@
 
 pub mod access;
 mod appender;
-pub mod cache;
-pub mod caller;
+mod cache;
+mod caller;
 mod catalog;
 mod compaction;
 pub mod config;
 pub mod connections;
 mod crash_point;
-pub mod engine;
-pub mod error;
+mod engine;
+mod error;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
 mod lifecycle;
@@ -39,9 +39,10 @@ pub mod read;
 pub mod record;
 mod record_store;
 mod registry;
-pub mod segment;
+mod segment;
 pub mod storage;
 mod stream;
+/// Public only for `chunk_key`, which the crash tests use to damage a log on purpose.
 pub mod wal;
 
 pub use appender::PendingAck;
@@ -49,6 +50,6 @@ pub use caller::Caller;
 pub use catalog::Provisioned;
 pub use compaction::CompactionStats;
 pub use engine::{Engine, EngineSettings};
-pub use error::{Error, ErrorKind, Resource, Result};
+pub use error::{Error, ErrorKind, Failure, Resource, Result};
 pub use wal::recovery::MAX_TORN_TAIL;
 pub use wal::writer::FlushSettings;

@@ -26,7 +26,7 @@ pub fn chunk_key(epoch: u64, number: u64) -> String {
 }
 
 /// The inverse of [`chunk_key`]; `None` for keys that are not chunks.
-pub fn parse_chunk_key(key: &str) -> Option<(u64, u64)> {
+pub(crate) fn parse_chunk_key(key: &str) -> Option<(u64, u64)> {
     let rest = key.strip_prefix("wal/")?;
     let (epoch, number) = rest.split_once('/')?;
     Some((epoch.parse().ok()?, number.parse().ok()?))
@@ -35,7 +35,7 @@ pub fn parse_chunk_key(key: &str) -> Option<(u64, u64)> {
 /// A record's stored form: what the sequencer decided, before it has a sequence number
 /// in hand (the entry carries the first one).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredRecord {
+pub(crate) struct StoredRecord {
     pub timestamp: u64,
     pub headers: Vec<Header>,
     pub body: Bytes,
@@ -60,7 +60,7 @@ impl EntrySpan {
 }
 
 /// Builds a chunk out of entries, remembering each entry's span.
-pub struct ChunkBuilder {
+pub(crate) struct ChunkBuilder {
     buf: BytesMut,
     spans: Vec<EntrySpan>,
 }
@@ -131,14 +131,14 @@ impl ChunkBuilder {
 
 /// One decoded entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub stream_id: u64,
     pub records: Vec<SequencedRecord>,
     pub span: EntrySpan,
 }
 
 /// Decodes every entry of a whole chunk, verifying each CRC.
-pub fn decode_chunk(key: &str, chunk: &Bytes) -> Result<Vec<Entry>> {
+pub(crate) fn decode_chunk(key: &str, chunk: &Bytes) -> Result<Vec<Entry>> {
     if chunk.len() < MAGIC.len() || &chunk[..MAGIC.len()] != MAGIC {
         return Err(corrupt(key, "not a streamgate WAL chunk"));
     }
@@ -169,7 +169,7 @@ pub fn decode_chunk(key: &str, chunk: &Bytes) -> Result<Vec<Entry>> {
 }
 
 /// Decodes one entry given exactly its bytes (as cut by its [`EntrySpan`]).
-pub fn decode_entry(key: &str, mut entry: Bytes) -> Result<(u64, Vec<SequencedRecord>)> {
+pub(crate) fn decode_entry(key: &str, mut entry: Bytes) -> Result<(u64, Vec<SequencedRecord>)> {
     if entry.len() < 8 + ENTRY_FIXED {
         return Err(corrupt(key, "entry too short"));
     }
