@@ -12,10 +12,14 @@ work="$(mktemp -d "$PWD/target/s2-bench.XXXX")"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 cargo build --release --quiet --bin streamgate
 
+token="s2-bench-root-token-$RANDOM$RANDOM"
 run_bench() { # name port
   export S2_ACCOUNT_ENDPOINT="http://127.0.0.1:$2" S2_BASIN_ENDPOINT="http://127.0.0.1:$2"
-  export S2_ACCESS_TOKEN=unused NO_COLOR=1
-  "$s2" create-basin "bench-$1" >/dev/null 2>&1 || true
+  export S2_ACCESS_TOKEN="$token" NO_COLOR=1
+  if ! "$s2" create-basin "bench-$1" >/dev/null; then
+    echo "s2-bench-compare: could not create basin bench-$1 on $1" >&2
+    exit 1
+  fi
   for run in "1000 8192" "1000 1024" "10 8192"; do
     set -- "$1" $run
     echo "### $1, target $2 MiB/s, $3-byte records, ${seconds}s"
@@ -24,7 +28,8 @@ run_bench() { # name port
   done
 }
 
-target/release/streamgate --data-dir "$work/streamgate" --listen 127.0.0.1:18080 --resp-listen off --log warn >/dev/null &
+target/release/streamgate --data-dir "$work/streamgate" --listen 127.0.0.1:18080 --resp-listen off \
+  --root-token "$token" --log warn >/dev/null &
 sleep 2
 run_bench streamgate 18080
 kill %1; wait %1 2>/dev/null || true
