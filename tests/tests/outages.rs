@@ -309,13 +309,18 @@ struct Spell {
 
 /// Plays the outage on `proxy`: 20 s refused, then (after `HEALED` of health, so each
 /// spell starts from a working store and must be noticed afresh) 20 s of black hole,
-/// running `during` `PROBE_AFTER` into each spell.
-async fn play_outage(proxy: &Proxy, mut during: impl AsyncFnMut(Mode)) -> Vec<Spell> {
+/// running `before_cut` just before each spell begins and `during` `PROBE_AFTER` into it.
+async fn play_outage(
+    proxy: &Proxy,
+    mut before_cut: impl AsyncFnMut(),
+    mut during: impl AsyncFnMut(Mode),
+) -> Vec<Spell> {
     let mut spells = Vec::new();
     for (n, mode) in [Mode::Refuse, Mode::BlackHole].into_iter().enumerate() {
         if n > 0 {
             tokio::time::sleep(HEALED).await;
         }
+        before_cut().await;
         let began = Instant::now();
         proxy.set(mode);
         tokio::time::sleep(PROBE_AFTER).await;
@@ -396,7 +401,27 @@ async fn an_object_store_outage_is_weathered_without_a_restart() {
         .build()
         .unwrap();
     let mut probe_outcomes = Vec::new();
-    let spells = play_outage(&proxy, async |phase| {
+    // An append sent just before each cut is on its way to the store when it goes away.
+    // (The writers alone may all sit between a group commit's acks and their next
+    // appends at that instant, with nothing in flight to wait.)
+    let mut straddlers = Vec::new();
+    let patient = streamgate_tests::client_builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let straddle = async || {
+        let batch = format!("straddle-{}", straddlers.len());
+        let (client, endpoint, shared) = (patient.clone(), server.endpoint.clone(), log.clone());
+        let sent = batch.clone();
+        straddlers.push(tokio::spawn(async move {
+            rest_append(&client, &endpoint, 0, sent, &shared).await
+        }));
+        // It is logged as sent just before it goes out.
+        while !log.lock().unwrap().history.sent.contains_key(&batch) {
+            tokio::task::yield_now().await;
+        }
+    };
+    let spells = play_outage(&proxy, straddle, async |phase| {
         let rest = rest_append(
             &probe,
             &server.endpoint,
@@ -416,6 +441,9 @@ async fn an_object_store_outage_is_weathered_without_a_restart() {
     stop.send_replace(true);
     for writer in writers {
         writer.await.unwrap();
+    }
+    for straddler in straddlers {
+        straddler.await.unwrap();
     }
     let readiness = readiness.await.unwrap();
 
@@ -512,14 +540,18 @@ async fn a_metadata_store_outage_leaves_appends_running() {
             .send()
     };
     let mut control_answers = Vec::new();
-    let spells = play_outage(&proxy, async |phase| {
-        let response = create(format!("during-{phase:?}").to_lowercase())
-            .await
-            .expect("a control-plane call is answered during the outage");
-        let status = response.status();
-        let body: Value = response.json().await.unwrap();
-        control_answers.push((phase, status, body));
-    })
+    let spells = play_outage(
+        &proxy,
+        async || {},
+        async |phase| {
+            let response = create(format!("during-{phase:?}").to_lowercase())
+                .await
+                .expect("a control-plane call is answered during the outage");
+            let status = response.status();
+            let body: Value = response.json().await.unwrap();
+            control_answers.push((phase, status, body));
+        },
+    )
     .await;
 
     // The control plane comes back by itself.
