@@ -69,16 +69,19 @@ impl fmt::Display for Resource {
     }
 }
 
-/// A failure with what was being done and, where there is one, its cause.
+/// A failure with what was being done and, where there is one, its cause (its
+/// `source()`, so the chain of causes stays inspectable, not only their text).
 #[derive(Debug, Clone)]
 pub struct Failure {
     what: String,
     cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
-impl Failure {
-    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
-        self.cause.as_deref()
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|cause| cause as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -113,7 +116,7 @@ pub enum Error {
     RangeNotSatisfiable { tail: StreamPosition },
     /// The durable store failed; the request may or may not have taken effect.
     #[error("storage failure: {0}")]
-    Storage(Failure),
+    Storage(#[source] Failure),
     /// The server cannot take the request right now (storage away, budget full, ...).
     #[error("{0}")]
     Unavailable(String),
@@ -136,7 +139,7 @@ pub enum Error {
     },
     /// Something in the server itself went wrong (a task that died, ...).
     #[error("internal error: {0}")]
-    Internal(Failure),
+    Internal(#[source] Failure),
 }
 
 impl Error {
@@ -177,14 +180,6 @@ impl Error {
             Error::PermissionDenied(_) => "permission_denied",
             Error::RateLimited { .. } => "rate_limited",
             Error::Internal(_) => "other",
-        }
-    }
-
-    /// The resource an error is about, if it is about one.
-    pub fn resource(&self) -> Option<&Resource> {
-        match self {
-            Error::NotFound(r) | Error::AlreadyExists(r) | Error::DeletionPending(r) => Some(r),
-            _ => None,
         }
     }
 
@@ -230,5 +225,45 @@ impl Error {
             what: what.into(),
             cause: Some(Arc::new(cause)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_store_failure_keeps_its_cause_and_is_retryable() {
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "disk says no");
+        let err = Error::storage_caused("writing `wal/1`", io);
+        assert_eq!(err.kind(), ErrorKind::StorageFailed);
+        assert!(err.kind().is_retryable());
+        assert_eq!(err.code(), "storage");
+        assert_eq!(
+            err.to_string(),
+            "storage failure: writing `wal/1`: disk says no"
+        );
+        let cause = err.source().and_then(|failure| failure.source());
+        let io = cause.and_then(|c| c.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::PermissionDenied)
+        );
+    }
+
+    #[test]
+    fn resources_name_the_documented_codes() {
+        let stream = || Resource::Stream(StreamName::new("s").unwrap());
+        assert_eq!(Error::NotFound(stream()).code(), "stream_not_found");
+        assert_eq!(
+            Error::DeletionPending(Resource::Basin("b".into())).code(),
+            "basin_deletion_pending"
+        );
+        assert_eq!(
+            Error::AlreadyExists(stream()).to_string(),
+            "stream `s` already exists"
+        );
+        assert!(!Error::NotFound(stream()).kind().is_retryable());
     }
 }
