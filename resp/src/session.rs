@@ -124,16 +124,25 @@ impl Session {
     }
 
     /// A token revoked or expired since AUTH ends the authentication: `NOAUTH` until
-    /// the client authenticates again. Checked before every command that needs it and
-    /// before every gathered append.
+    /// the client authenticates again. Checked before every command that needs it (some
+    /// commands turn engine errors into answers, e.g. EXISTS into 0, so the engine's own
+    /// check would not surface there).
     pub(crate) async fn still_authenticated(&mut self) -> Result<(), Reply> {
         let Some((_, caller)) = &self.authenticated else {
             return Err(Reply::error("NOAUTH Authentication required."));
         };
-        if let Err(err) = caller.still_valid().await {
-            self.authenticated = None;
-            return Err(Reply::error(format!("NOAUTH {err}")));
+        match caller.still_valid().await {
+            Ok(()) => Ok(()),
+            Err(err) => Err(self.failed(&err)),
         }
-        Ok(())
+    }
+
+    /// The reply to an engine error. An `authn` error (every engine call re-checks the
+    /// token) also ends the authentication, as above.
+    pub(crate) fn failed(&mut self, err: &Error) -> Reply {
+        if err.kind() == ErrorKind::Unauthenticated {
+            self.authenticated = None;
+        }
+        error_reply(err)
     }
 }

@@ -121,23 +121,22 @@ pub(crate) async fn submit(
         Ok(name) => name,
         Err(reply) => return refuse(reply),
     };
-    // The token may have been revoked (or have expired) since the batch began.
-    if let Err(reply) = session.still_authenticated().await {
-        return refuse(reply);
-    }
-    let streams = match session.streams() {
-        Ok(streams) => streams,
-        Err(reply) => return refuse(reply),
-    };
     let input = AppendInput {
         records: batch.records.into_records(),
         ..Default::default()
     };
-    match streams
-        .caller
-        .submit_append(streams.basin, &name, input, None)
-        .await
-    {
+    // The engine re-checks the token: one revoked or expired since the batch began is
+    // refused here, and ends the session's authentication.
+    let submitted = match session.streams() {
+        Ok(streams) => {
+            streams
+                .caller
+                .submit_append(streams.basin, &name, input, None)
+                .await
+        }
+        Err(reply) => return refuse(reply),
+    };
+    match submitted {
         Ok(ack) => Box::pin(async move {
             match ack.await {
                 // Every record of one append carries the batch's timestamp.
@@ -166,7 +165,7 @@ pub(crate) async fn submit(
                 ),
             }
         }),
-        Err(err) => refuse(error_reply(&err)),
+        Err(err) => refuse(session.failed(&err)),
     }
 }
 
