@@ -83,6 +83,11 @@ impl Catalog {
         }
     }
 
+    /// The live streams with their basins.
+    pub fn live_streams(&self) -> Vec<(BasinName, Arc<StreamState>)> {
+        self.registry.with_basins()
+    }
+
     // ---- basins ----
 
     pub async fn create_basin(

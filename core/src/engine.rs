@@ -127,7 +127,6 @@ impl Engine {
         let lifecycle = Lifecycle::new(
             metadata.clone(),
             objects.clone(),
-            registry.clone(),
             catalog.clone(),
             compactor.clone(),
             obsolete_grace,

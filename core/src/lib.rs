@@ -42,7 +42,8 @@ mod registry;
 mod segment;
 pub mod storage;
 mod stream;
-/// Public only for `chunk_key`, which the crash tests use to damage a log on purpose.
+/// Public for `chunk_key` (the crash tests damage a log on purpose) and `EntrySpan` (part
+/// of the segment index the `MetadataStore` trait carries); the rest is crate-private.
 pub mod wal;
 
 pub use appender::PendingAck;

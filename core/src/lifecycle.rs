@@ -23,7 +23,6 @@ use crate::compaction::Compactor;
 use crate::config::RetentionPolicy;
 use crate::error::Result;
 use crate::names::BasinName;
-use crate::registry::StreamRegistry;
 use crate::segment::segment_prefix;
 use crate::storage::metadata::ListRange;
 use crate::storage::{MetadataStore, ObjectStore};
@@ -43,7 +42,6 @@ const PARALLEL_DELETES: usize = 16;
 pub(crate) struct Lifecycle {
     metadata: Arc<dyn MetadataStore>,
     objects: Arc<dyn ObjectStore>,
-    registry: Arc<StreamRegistry>,
     catalog: Arc<Catalog>,
     compactor: Arc<Compactor>,
     /// How long objects made obsolete stay: reads that found them just before stay able
@@ -57,7 +55,6 @@ impl Lifecycle {
     pub fn new(
         metadata: Arc<dyn MetadataStore>,
         objects: Arc<dyn ObjectStore>,
-        registry: Arc<StreamRegistry>,
         catalog: Arc<Catalog>,
         compactor: Arc<Compactor>,
         obsolete_grace: Duration,
@@ -65,7 +62,6 @@ impl Lifecycle {
         Self {
             metadata,
             objects,
-            registry,
             catalog,
             compactor,
             obsolete_grace,
@@ -86,7 +82,7 @@ impl Lifecycle {
 
     /// Every live stream in turn; one stream's failure is logged and the others go on.
     async fn apply_retention_and_trim(&self) -> Result<()> {
-        for (basin, stream) in self.registry.with_basins() {
+        for (basin, stream) in self.catalog.live_streams() {
             if let Err(err) = self.bound_stream(&basin, &stream).await {
                 tracing::warn!(basin = %basin, stream = %stream.name, error = %err,
                     "retention, trim or delete-on-empty failed for this stream; will retry");
