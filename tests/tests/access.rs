@@ -719,6 +719,49 @@ async fn revocation_reaches_open_sessions_and_connections() {
     assert_eq!(append_as_root("before").await.unwrap().status(), 200);
     read_until!("before");
 
+    // An S2S append session, with one input acknowledged.
+    let (inputs, input_stream) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let input_stream = futures::stream::unfold(input_stream, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let input = |body: &[u8]| Ok(wire::s2s_frame(&wire::encode_append_input(&[body])));
+    inputs.send(input(b"via-session-1")).await.unwrap();
+    let h2 = Client::builder().http2_prior_knowledge().build().unwrap();
+    let session = bearer(
+        h2.post(format!("{endpoint}/v1/streams/live/records")),
+        &token,
+    )
+    .header("s2-basin", BASIN_A)
+    .header("content-type", "s2s/proto")
+    .body(reqwest::Body::wrap_stream(input_stream))
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(session.status(), 200);
+    let mut session_frames = session.bytes_stream();
+    let mut session_buffer = Vec::new();
+    macro_rules! next_frame {
+        () => {
+            loop {
+                if let Some(frame) = wire::take_s2s_frame(&mut session_buffer) {
+                    break frame;
+                }
+                let chunk = tokio::time::timeout(Duration::from_secs(20), session_frames.next())
+                    .await
+                    .expect("the session answers")
+                    .expect("the session is open")
+                    .unwrap();
+                session_buffer.extend_from_slice(&chunk);
+            }
+        };
+    }
+    let (flags, _) = next_frame!();
+    assert_eq!(
+        flags & 0x80,
+        0,
+        "the append session acknowledges before revocation"
+    );
+
     let mut resp = tokio::net::TcpStream::connect(("127.0.0.1", server.resp_port))
         .await
         .unwrap();
@@ -757,11 +800,28 @@ async fn revocation_reaches_open_sessions_and_connections() {
     let again = read_line(&mut resp).await;
     assert!(again.starts_with("-WRONGPASS"), "{again}");
 
+    // The append session's next input is refused: a terminal `401 authn` frame.
+    inputs.send(input(b"via-session-2")).await.unwrap();
+    let (flags, terminal) = next_frame!();
+    assert_ne!(flags & 0x80, 0, "a terminal frame, not an ack");
+    assert_eq!(u16::from_be_bytes([terminal[0], terminal[1]]), 401);
+    let error: Value = serde_json::from_slice(&terminal[2..]).unwrap();
+    assert_eq!(error["code"], "authn", "{error}");
+
     // The SSE session ends with an authn error instead of delivering the next record.
     assert_eq!(append_as_root("after").await.unwrap().status(), 200);
     read_until!("event: error");
     assert!(seen.contains("authn"), "{seen}");
     assert!(!seen.contains("after"), "{seen}");
+
+    // What was acknowledged is there; what the revoked token sent is not.
+    let bodies: Vec<String> = streamgate_tests::read_stream(&endpoint, BASIN_A, "live")
+        .await
+        .iter()
+        .map(|r| r["body"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(bodies.iter().any(|b| b == "via-session-1"), "{bodies:?}");
+    assert!(!bodies.iter().any(|b| b == "via-session-2"), "{bodies:?}");
 }
 
 #[tokio::test]
