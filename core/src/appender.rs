@@ -113,7 +113,32 @@ impl Appender {
             .reserve()
             .await
             .map_err(|_| Error::Unavailable("the write-ahead log writer stopped".into()))?;
-        let batch = stream.sequence(&mut sequencer, input, &valid.commands, now_ms)?;
+        let batch = match stream.sequence(&mut sequencer, input, &valid.commands, now_ms) {
+            Ok(batch) => batch,
+            Err(refusal @ (Error::SeqNumMismatch(_) | Error::FencingTokenMismatch(_))) => {
+                // A refused condition names the tail or the token as the sequencer has
+                // them, counting batches still on their way to durability. Answered
+                // now, it would tell the client of a state a crash can still take back
+                // (the tail would go backwards), so, like an acknowledgement, it waits
+                // until everything sequenced before it is durable.
+                let sequenced = sequencer.next_seq;
+                drop((sequencer, slot));
+                return match tokio::time::timeout(
+                    MAX_BUDGET_WAIT,
+                    stream.durable_through(sequenced),
+                )
+                .await
+                {
+                    Ok(durable) => durable.and(Err(refusal)),
+                    Err(_) => Err(Error::Unavailable(format!(
+                        "the appends before this one did not become durable within {} s; \
+                         retry shortly",
+                        MAX_BUDGET_WAIT.as_secs()
+                    ))),
+                };
+            }
+            Err(err) => return Err(err),
+        };
         slot.send(PendingAppend {
             batch,
             done,

@@ -169,6 +169,22 @@ impl StreamState {
         self.tail_tx.subscribe()
     }
 
+    /// Waits until every record before `seq_num` is durable (visible), or the stream is
+    /// deleted.
+    pub async fn durable_through(&self, seq_num: u64) -> Result<()> {
+        let mut tail = self.subscribe();
+        loop {
+            if self.is_deleted() {
+                return Err(Error::DeletionPending(Resource::Stream(self.name.clone())));
+            }
+            if tail.borrow_and_update().seq_num >= seq_num {
+                return Ok(());
+            }
+            // The sender lives as long as `self`, so this only ever wakes on a change.
+            let _ = tail.changed().await;
+        }
+    }
+
     /// Checks conditions and assigns positions. The caller holds the sequencer lock and
     /// hands the batch to the WAL writer before releasing it.
     pub fn sequence(
@@ -329,6 +345,7 @@ mod tests {
     use crate::config::TimestampingConfig;
     use crate::record::AppendRecord;
     use bytes::Bytes;
+    use futures::FutureExt;
 
     fn stream(mode: TimestampingMode, uncapped: bool) -> Arc<StreamState> {
         let config = StreamConfig {
@@ -433,6 +450,30 @@ mod tests {
         let mut same = input(&[None]);
         same.fencing_token = Some("w1".into());
         assert!(s.sequence(&mut st, same, &[], 1).is_ok());
+    }
+
+    #[tokio::test]
+    async fn durable_through_waits_for_the_visible_tail() {
+        let s = stream(TimestampingMode::ClientPrefer, false);
+        let batch = {
+            let mut st = s.sequencer().lock().await;
+            s.sequence(&mut st, input(&[None, None]), &[], 1).unwrap()
+        };
+        assert!(s.durable_through(0).now_or_never().is_some());
+        let mut waiting = Box::pin(s.durable_through(2));
+        assert!(
+            (&mut waiting).now_or_never().is_none(),
+            "sequenced is not durable"
+        );
+        s.publish(&batch, "chunk".into(), EntrySpan { offset: 0, len: 1 });
+        assert!(matches!(waiting.now_or_never(), Some(Ok(()))));
+        let mut beyond = Box::pin(s.durable_through(3));
+        assert!((&mut beyond).now_or_never().is_none());
+        s.mark_deleted();
+        assert!(matches!(
+            beyond.now_or_never(),
+            Some(Err(Error::DeletionPending(_)))
+        ));
     }
 
     #[test]
