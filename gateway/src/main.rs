@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use streamgate_core::storage::local_dir::LocalDirObjectStore;
+use streamgate_core::storage::local_dir::{open_dir_durably, LocalDirObjectStore};
 use streamgate_core::storage::s3::{S3Location, S3ObjectStore};
 use streamgate_core::storage::sql::SqlMetadataStore;
 use streamgate_core::storage::ObjectStore;
@@ -36,7 +36,9 @@ async fn main() {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.data_dir).with_context(|| {
+    // Durably: a power cut must not take a fresh data directory away with the metadata
+    // and records acknowledged inside it.
+    open_dir_durably(&args.data_dir).with_context(|| {
         format!(
             "cannot create the data directory {}; choose another with --data-dir",
             args.data_dir.display()

@@ -158,7 +158,7 @@ impl LocalDirObjectStore {
     /// prepared files an earlier process left.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
         let root = root.into();
-        fs::create_dir_all(&root).map_err(|e| io_error(&root, e))?;
+        open_dir_durably(&root).map_err(|e| io_error(&root, e))?;
         remove_leftovers(&root)?;
         Ok(Self {
             root,
@@ -197,7 +197,7 @@ impl LocalDirObjectStore {
             }
         }
         let dir = path.parent().expect("object paths have a parent");
-        create_dir_durably(dir, &self.root)?;
+        create_dir_all_durably(dir).map_err(|e| io_error(dir, e))?;
         // A new file; else an empty one still being prepared, written in place (its
         // directory entry may not be durable yet, so the directory is fsync'd as for a
         // new file); else an object, replaced.
@@ -249,16 +249,12 @@ impl LocalDirObjectStore {
 /// Creates empty files at `paths` and makes their directory entries durable, one fsync
 /// per directory; then records them in `prepared`. A path that exists already is left
 /// alone: it is put, or being put.
-fn prepare_files(
-    root: &Path,
-    prepared: &Mutex<HashSet<PathBuf>>,
-    paths: Vec<PathBuf>,
-) -> Result<()> {
+fn prepare_files(prepared: &Mutex<HashSet<PathBuf>>, paths: Vec<PathBuf>) -> Result<()> {
     let mut created = Vec::new();
     let mut dirs = BTreeSet::new();
     for path in paths {
         let dir = path.parent().expect("object paths have a parent");
-        create_dir_durably(dir, root)?;
+        create_dir_all_durably(dir).map_err(|e| io_error(dir, e))?;
         match OpenOptions::new().write(true).create_new(true).open(&path) {
             Ok(_) => {
                 dirs.insert(dir.to_owned());
@@ -284,10 +280,7 @@ fn prepare_files(
 /// a file can take a millisecond of kernel CPU (ext4 without a journal skips recently
 /// deleted inodes one by one), and on two cores that must not delay the puts it speeds up.
 /// It ends when the store is dropped.
-fn start_preparer(
-    root: PathBuf,
-    prepared: Arc<Mutex<HashSet<PathBuf>>>,
-) -> mpsc::Sender<PrepareRequest> {
+fn start_preparer(prepared: Arc<Mutex<HashSet<PathBuf>>>) -> mpsc::Sender<PrepareRequest> {
     let (requests, received) = mpsc::channel::<PrepareRequest>();
     let spawned = std::thread::Builder::new()
         .name("prepare-files".into())
@@ -299,7 +292,7 @@ fn start_preparer(
                 unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
             }
             for (paths, done) in received {
-                let _ = done.send(prepare_files(&root, &prepared, paths));
+                let _ = done.send(prepare_files(&prepared, paths));
             }
         });
     if let Err(e) = spawned {
@@ -398,7 +391,7 @@ impl ObjectStore for LocalDirObjectStore {
             .collect::<Result<Vec<_>>>()?;
         let preparer = self
             .preparer
-            .get_or_init(|| start_preparer(self.root.clone(), self.prepared.clone()));
+            .get_or_init(|| start_preparer(self.prepared.clone()));
         let stopped = || Error::storage("the file preparer thread is not running");
         let (done, outcome) = tokio::sync::oneshot::channel();
         preparer.send((paths, done)).map_err(|_| stopped())?;
@@ -406,24 +399,40 @@ impl ObjectStore for LocalDirObjectStore {
     }
 }
 
-/// Creates `dir` and any missing parents below `root`, fsyncing each parent so the new
-/// directory entries are durable before any object is acknowledged inside them.
-fn create_dir_durably(dir: &Path, root: &Path) -> Result<()> {
-    if dir.exists() {
+/// Creates `dir` and any missing ancestors, fsyncing the parent of each one it creates:
+/// a new directory's entry is durable only once its parent is synced, and without that a
+/// power cut can take a new directory away with every object acknowledged inside it
+/// (fsyncing the files and the directory itself is not enough). Costs nothing when `dir`
+/// exists.
+pub fn create_dir_all_durably(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
         return Ok(());
     }
-    let parent = dir.parent().unwrap_or(root);
-    if parent != root {
-        create_dir_durably(parent, root)?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dir_all_durably(parent)?;
     }
     match fs::create_dir(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io_error(dir, e)),
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
     }
-    File::open(parent)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| io_error(parent, e))
+    sync_parent_of(dir)
+}
+
+/// Like `create_dir_all_durably`, and syncs `dir`'s parent even when `dir` exists: at
+/// start-up, an earlier process may have created it and died before that sync.
+pub fn open_dir_durably(dir: &Path) -> std::io::Result<()> {
+    create_dir_all_durably(dir)?;
+    sync_parent_of(dir)
+}
+
+/// Fsyncs the directory holding `dir` (`.` for a relative path's first component; the
+/// root has none).
+fn sync_parent_of(dir: &Path) -> std::io::Result<()> {
+    match dir.parent() {
+        Some(parent) if parent.as_os_str().is_empty() => File::open(".")?.sync_all(),
+        Some(parent) => File::open(parent)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 fn collect_keys(dir: &Path, rel: &str, prefix: &str, keys: &mut Vec<String>) -> Result<()> {
