@@ -3,7 +3,10 @@
 //! data. Used by the black-box tests here and by the compatibility suites.
 
 pub mod history;
+pub mod linearizability;
 pub mod proxy;
+pub mod resp;
+pub mod s2s;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

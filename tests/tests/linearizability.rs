@@ -1,298 +1,839 @@
-//! A linearizability check of one stream: several clients append, read and check the
-//! tail concurrently while every operation's real-time interval is recorded; the history
-//! is then checked against the model of a single append-only log. Each operation must
-//! take effect at one instant inside its interval, so:
-//! - a tail or a read reflects every append acknowledged before it began, and nothing
-//!   that was never appended (no tail beyond the appends begun before it ended);
-//! - a read returns exactly the records at their acknowledged positions;
-//! - operations that do not overlap are ordered: a later tail never goes backwards.
+//! Linearizability of one stream. Clients over REST (plain appends, appends conditional on
+//! a sequence number or a fencing token, fences, trims, reads from anywhere, check-tails),
+//! an S2S append session and pipelined RESP `XADD`s work on one stream at once while the
+//! server is killed with SIGKILL and restarted under them; every operation is recorded
+//! with its real-time interval and outcome, and the checker in
+//! `streamgate_tests::linearizability` must find an order of all of them that the model
+//! of a single stream explains. The first half of this file shows the checker refuses
+//! histories that break the model.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use rand::Rng;
 use serde_json::{json, Value};
+use streamgate_tests::linearizability::{
+    append, check, records_from, Call, CheckError, HandHistory, Operation, Outcome, Record,
+};
+use streamgate_tests::resp::{self, Reply};
+use streamgate_tests::s2s::AppendSession;
 use streamgate_tests::Server;
 
-const BASIN: &str = "linearizable";
+// ---- the checker on histories written by hand ----
 
-#[derive(Debug, Clone)]
-enum Op {
-    /// An append of `body`; `seq` is its acknowledged position (`None`: no answer).
-    Append { body: String, seq: Option<u64> },
-    /// A check-tail and the tail it returned.
-    Tail { tail: u64 },
-    /// A read from 0 and the bodies it returned, in order.
-    Read { bodies: Vec<String> },
+fn tail() -> Call {
+    Call::CheckTail
 }
 
-#[derive(Debug, Clone)]
-struct Event {
-    start: Instant,
-    end: Instant,
-    op: Op,
+fn read(from: u64, limit: usize) -> Call {
+    Call::Read { from, limit }
 }
 
-async fn append(client: &reqwest::Client, endpoint: &str, body: &str) -> Option<u64> {
-    let response = client
-        .post(format!("{endpoint}/v1/streams/log/records"))
-        .header("s2-basin", BASIN)
-        .json(&json!({"records": [{"body": body}]}))
-        .send()
-        .await
-        .ok()?;
-    if !response.status().is_success() {
-        return None;
+fn at(start: u64) -> Outcome {
+    Outcome::Appended { start }
+}
+
+fn violation(history: &HandHistory) -> String {
+    match history.check() {
+        Err(CheckError::NotLinearizable(v)) => v.to_string(),
+        other => panic!("the checker accepted a history that breaks the model: {other:?}"),
     }
-    let ack: Value = response.json().await.ok()?;
-    ack["start"]["seq_num"].as_u64()
 }
 
-async fn tail(client: &reqwest::Client, endpoint: &str) -> u64 {
-    let tail: Value = streamgate_tests::json_of(
-        client
-            .get(format!("{endpoint}/v1/streams/log/records/tail"))
-            .header("s2-basin", BASIN),
-    )
-    .await;
-    tail["tail"]["seq_num"].as_u64().unwrap()
+#[test]
+fn a_sequential_history_is_linearizable() {
+    let mut h = HandHistory::default();
+    h.op(0, 1, append(&["a", "b"]), at(0))
+        .op(2, 3, append(&["c"]), at(2))
+        .op(4, 5, tail(), Outcome::Tail(3))
+        .op(6, 7, read(1, 10), records_from(1, &["b", "c"]))
+        .op(8, 9, read(0, 1), records_from(0, &["a"]))
+        .op(10, 11, read(3, 10), Outcome::PastTail { tail: 3 });
+    let checked = h.check().unwrap();
+    assert_eq!(checked.known, 6);
 }
 
-async fn read_all(client: &reqwest::Client, endpoint: &str) -> Vec<String> {
-    let response = client
-        .get(format!(
-            "{endpoint}/v1/streams/log/records?seq_num=0&count=1000"
-        ))
-        .header("s2-basin", BASIN)
-        .send()
-        .await
-        .unwrap();
-    if response.status() == 416 {
-        return Vec::new();
-    }
-    let batch: Value = response.json().await.unwrap();
-    batch["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["body"].as_str().unwrap().to_owned())
-        .collect()
+#[test]
+fn concurrent_operations_may_take_effect_in_either_order() {
+    // Two overlapping appends acknowledged in the opposite order to their calls, and a
+    // read overlapping both that saw only the second: only "b, read, a" explains it.
+    let mut h = HandHistory::default();
+    h.op(0, 10, append(&["a"]), at(1))
+        .op(1, 9, append(&["b"]), at(0))
+        .op(2, 8, read(0, 10), records_from(0, &["b"]))
+        .op(11, 12, read(0, 10), records_from(0, &["b", "a"]));
+    h.check().unwrap();
 }
 
-fn check(history: &[Event]) {
-    let appends: Vec<(&Event, &str, Option<u64>)> = history
-        .iter()
-        .filter_map(|e| match &e.op {
-            Op::Append { body, seq } => Some((e, body.as_str(), *seq)),
-            _ => None,
-        })
-        .collect();
-    // Acknowledged positions are distinct.
-    let mut positions: Vec<u64> = appends.iter().filter_map(|(_, _, s)| *s).collect();
-    positions.sort();
-    positions.dedup();
-    assert_eq!(
-        positions.len(),
-        appends.iter().filter(|(_, _, s)| s.is_some()).count()
+#[test]
+fn a_tail_that_misses_an_acknowledged_append_is_refused() {
+    let mut h = HandHistory::default();
+    h.op(0, 1, append(&["a"]), at(0))
+        .op(2, 3, tail(), Outcome::Tail(0));
+    assert!(violation(&h).contains("CheckTail"));
+}
+
+#[test]
+fn an_acknowledged_append_that_disappears_is_refused() {
+    let mut h = HandHistory::default();
+    h.op(0, 1, append(&["a"]), at(0))
+        .op(2, 3, append(&["b"]), at(1))
+        .op(4, 5, read(0, 10), records_from(0, &["b"]));
+    violation(&h);
+}
+
+#[test]
+fn one_position_acknowledged_twice_is_refused() {
+    let mut h = HandHistory::default();
+    h.op(0, 5, append(&["a"]), at(0))
+        .op(0, 5, append(&["b"]), at(0));
+    violation(&h);
+}
+
+#[test]
+fn a_record_read_before_its_append_was_called_is_refused() {
+    let mut h = HandHistory::default();
+    h.op(0, 1, read(0, 10), records_from(0, &["a"]))
+        .op(2, 3, append(&["a"]), at(0));
+    violation(&h);
+}
+
+#[test]
+fn a_read_shorter_than_what_was_acknowledged_is_refused() {
+    // Reads return everything up to their limit: two acknowledged records, one read.
+    let mut h = HandHistory::default();
+    h.op(0, 1, append(&["a", "b"]), at(0))
+        .op(2, 3, read(0, 10), records_from(0, &["a"]));
+    violation(&h);
+}
+
+#[test]
+fn a_tail_that_goes_back_is_refused() {
+    let mut h = HandHistory::default();
+    h.op(0, 10, append(&["a"]), at(0))
+        .op(0, 10, append(&["b"]), at(1))
+        .op(1, 2, tail(), Outcome::Tail(2))
+        .op(3, 4, tail(), Outcome::Tail(1));
+    violation(&h);
+}
+
+#[test]
+fn unknown_outcomes_may_have_taken_effect_or_not() {
+    let mut h = HandHistory::default();
+    // One unknown append shows up later; another never does.
+    h.op(0, 0, append(&["lost"]), Outcome::Unknown)
+        .op(1, 1, append(&["maybe"]), Outcome::Unknown)
+        .op(5, 6, append(&["c"]), at(1))
+        .op(7, 8, read(0, 10), records_from(0, &["maybe", "c"]));
+    let checked = h.check().unwrap();
+    assert_eq!((checked.unknown_appends, checked.unknown_applied), (2, 1));
+}
+
+#[test]
+fn an_unknown_append_seen_then_unseen_is_refused() {
+    let mut h = HandHistory::default();
+    h.op(0, 0, append(&["x"]), Outcome::Unknown)
+        .op(1, 2, read(0, 10), records_from(0, &["x"]))
+        .op(3, 4, read(0, 10), Outcome::PastTail { tail: 0 });
+    violation(&h);
+}
+
+#[test]
+fn an_unknown_append_cannot_take_effect_before_it_was_called() {
+    let mut h = HandHistory::default();
+    h.op(0, 1, read(0, 10), records_from(0, &["x"]))
+        .op(2, 2, append(&["x"]), Outcome::Unknown);
+    violation(&h);
+}
+
+#[test]
+fn conditional_appends_follow_the_tail() {
+    let conditional = |seq: u64, body: &str| Call::Append {
+        records: vec![Record::Data(body.into())],
+        match_seq_num: Some(seq),
+        fencing_token: None,
+    };
+    let mut good = HandHistory::default();
+    good.op(0, 1, append(&["a"]), at(0))
+        .op(2, 3, conditional(1, "b"), at(1))
+        .op(
+            4,
+            5,
+            conditional(1, "c"),
+            Outcome::SeqNumMismatch { tail: 2 },
+        );
+    good.check().unwrap();
+
+    let mut wrong_tail = HandHistory::default();
+    wrong_tail.op(0, 1, append(&["a"]), at(0)).op(
+        2,
+        3,
+        conditional(5, "b"),
+        Outcome::SeqNumMismatch { tail: 0 },
     );
+    violation(&wrong_tail);
 
-    for event in history {
-        // Appends acknowledged before this operation began must be visible to it;
-        // appends begun only after it ended cannot be.
-        let must_see = appends
-            .iter()
-            .filter(|(a, _, seq)| seq.is_some() && a.end < event.start)
-            .map(|(_, _, seq)| seq.unwrap() + 1)
-            .max()
-            .unwrap_or(0);
-        let could_see = appends
-            .iter()
-            .filter(|(a, _, _)| a.start < event.end)
-            .count() as u64;
-        match &event.op {
-            Op::Tail { tail } => {
-                assert!(
-                    *tail >= must_see,
-                    "tail {tail} misses an acknowledged append (needs {must_see})"
-                );
-                assert!(
-                    *tail <= could_see,
-                    "tail {tail} counts appends not yet begun ({could_see} begun)"
-                );
+    let mut accepted_anyway = HandHistory::default();
+    accepted_anyway
+        .op(0, 1, append(&["a"]), at(0))
+        .op(2, 3, conditional(0, "b"), at(1));
+    violation(&accepted_anyway);
+}
+
+#[test]
+fn fencing_tokens_are_honoured() {
+    let fence = |token: &str, holding: Option<&str>| Call::Append {
+        records: vec![Record::Fence(token.into())],
+        match_seq_num: None,
+        fencing_token: holding.map(str::to_owned),
+    };
+    let fenced = |body: &str, token: &str| Call::Append {
+        records: vec![Record::Data(body.into())],
+        match_seq_num: None,
+        fencing_token: Some(token.into()),
+    };
+    let mut good = HandHistory::default();
+    good.op(0, 1, fence("t1", None), at(0))
+        .op(2, 3, fenced("a", "t1"), at(1))
+        .op(
+            4,
+            5,
+            fenced("b", "t0"),
+            Outcome::FencingTokenMismatch { token: "t1".into() },
+        )
+        .op(6, 7, append(&["c"]), at(2));
+    good.check().unwrap();
+
+    let mut stale_writer_wins = HandHistory::default();
+    stale_writer_wins
+        .op(0, 1, fence("t1", None), at(0))
+        .op(2, 3, fence("t2", Some("t1")), at(1))
+        .op(4, 5, fenced("a", "t1"), at(2));
+    violation(&stale_writer_wins);
+}
+
+#[test]
+fn reads_skip_what_a_trim_removed() {
+    let trim = |to: u64| Call::Append {
+        records: vec![Record::Trim(to)],
+        match_seq_num: None,
+        fencing_token: None,
+    };
+    let mut good = HandHistory::default();
+    good.op(0, 1, append(&["a", "b", "c"]), at(0))
+        .op(2, 3, trim(2), at(3))
+        .op(
+            4,
+            5,
+            read(0, 10),
+            Outcome::Records(vec![(2, Record::Data("c".into())), (3, Record::Trim(2))]),
+        )
+        // A trim never goes past itself: asking for 100 at position 5 trims to 5.
+        .op(6, 7, append(&["d"]), at(4))
+        .op(8, 9, trim(100), at(5))
+        .op(10, 11, read(0, 10), Outcome::PastTail { tail: 6 });
+    good.check().unwrap();
+
+    let mut trimmed_but_seen = HandHistory::default();
+    trimmed_but_seen
+        .op(0, 1, append(&["a", "b"]), at(0))
+        .op(2, 3, trim(1), at(2))
+        .op(4, 5, read(0, 1), records_from(0, &["a"]));
+    violation(&trimmed_but_seen);
+}
+
+#[test]
+fn the_search_budget_is_honoured() {
+    // Twelve unknown appends that may fill the twelve positions before a known one in
+    // any order, then a read that no order explains: the search must try them all
+    // (12! orders), far beyond a small budget, and says it gave up rather than decide.
+    let mut h = HandHistory::default();
+    for i in 0..12 {
+        h.op(0, 0, append(&[&format!("u{i}")]), Outcome::Unknown);
+    }
+    h.op(1, 100, append(&["k"]), at(12));
+    h.check().unwrap();
+    h.op(101, 102, read(0, 1), records_from(0, &["never-written"]));
+    assert!(matches!(
+        h.check_with_budget(100_000),
+        Err(CheckError::GaveUp { steps: 100_001 })
+    ));
+}
+
+// ---- real histories ----
+
+const BASIN: &str = "linearizable";
+const STREAM: &str = "log";
+/// How long clients run between two kills, and how many kills.
+const ROUND: Duration = Duration::from_secs(3);
+const KILLS: usize = 3;
+
+/// What the clients did, shared by all of them.
+#[derive(Default)]
+struct Recorder {
+    ops: Mutex<Vec<Operation>>,
+    stop: AtomicBool,
+    /// The highest tail any client has seen: where readers and trims aim.
+    tail_hint: AtomicU64,
+    /// Acknowledged operations per client kind, to check every kind keeps working.
+    acked: Mutex<HashMap<&'static str, usize>>,
+}
+
+impl Recorder {
+    fn record(
+        &self,
+        client: &str,
+        kind: &'static str,
+        call: Call,
+        called: Instant,
+        outcome: Outcome,
+    ) {
+        let seen_tail = match (&call, &outcome) {
+            (Call::Append { records, .. }, Outcome::Appended { start }) => {
+                Some(start + records.len() as u64)
             }
-            Op::Read { bodies } => {
-                let len = bodies.len() as u64;
-                assert!(
-                    len >= must_see,
-                    "read of {len} misses an acknowledged append (needs {must_see})"
-                );
-                assert!(
-                    len <= could_see,
-                    "read of {len} holds appends not yet begun"
-                );
-                for (position, body) in bodies.iter().enumerate() {
-                    let (append, _, seq) = appends
-                        .iter()
-                        .find(|(_, b, _)| *b == body)
-                        .unwrap_or_else(|| panic!("{body} was never appended"));
-                    assert!(
-                        append.start < event.end,
-                        "{body} read before its append began"
-                    );
-                    if let Some(seq) = seq {
-                        assert_eq!(
-                            *seq, position as u64,
-                            "{body} read away from its acknowledged position"
-                        );
-                    }
-                }
-            }
-            Op::Append { .. } => {}
+            (
+                _,
+                Outcome::Tail(tail) | Outcome::PastTail { tail } | Outcome::SeqNumMismatch { tail },
+            ) => Some(*tail),
+            _ => None,
+        };
+        if let Some(tail) = seen_tail {
+            self.tail_hint.fetch_max(tail, Ordering::Relaxed);
+        }
+        if !matches!(outcome, Outcome::Unknown) {
+            *self.acked.lock().unwrap().entry(kind).or_default() += 1;
+        }
+        self.ops.lock().unwrap().push(Operation {
+            client: client.to_owned(),
+            call,
+            outcome,
+            called,
+            returned: Instant::now(),
+        });
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn acked(&self) -> HashMap<&'static str, usize> {
+        self.acked.lock().unwrap().clone()
+    }
+}
+
+fn b64(bytes: &[u8]) -> String {
+    BASE64.encode(bytes)
+}
+
+fn record_json(record: &Record) -> Value {
+    match record {
+        Record::Data(body) => json!({ "body": b64(body.as_bytes()) }),
+        Record::Fence(token) => {
+            json!({ "headers": [["", b64(b"fence")]], "body": b64(token.as_bytes()) })
+        }
+        Record::Trim(to) => {
+            json!({ "headers": [["", b64(b"trim")]], "body": b64(&to.to_be_bytes()) })
         }
     }
-    // Non-overlapping tails are ordered in real time.
-    let tails: Vec<(&Event, u64)> = history
-        .iter()
-        .filter_map(|e| match e.op {
-            Op::Tail { tail } => Some((e, tail)),
-            _ => None,
-        })
-        .collect();
-    for (a, ta) in &tails {
-        for (b, tb) in &tails {
-            if a.end < b.start {
-                assert!(
-                    tb >= ta,
-                    "a later tail ({tb}) went back from an earlier one ({ta})"
-                );
+}
+
+/// A record as a base64-format read returns it; RESP entries carry their body in field `b`.
+fn record_of(json: &Value) -> (u64, Record) {
+    let text = |v: &Value| BASE64.decode(v.as_str().unwrap()).unwrap();
+    let headers: Vec<(Vec<u8>, Vec<u8>)> = json["headers"]
+        .as_array()
+        .map(|hs| hs.iter().map(|h| (text(&h[0]), text(&h[1]))).collect())
+        .unwrap_or_default();
+    let body = json.get("body").map(text).unwrap_or_default();
+    let record = match headers.as_slice() {
+        [] => Record::Data(String::from_utf8(body).unwrap()),
+        [(name, kind)] if name.is_empty() && kind == b"fence" => {
+            Record::Fence(String::from_utf8(body).unwrap())
+        }
+        [(name, kind)] if name.is_empty() && kind == b"trim" => {
+            Record::Trim(u64::from_be_bytes(body.try_into().unwrap()))
+        }
+        [(marker, _), (field, value)] if marker == b"s2-resp.v" && field == b"b" => {
+            Record::Data(String::from_utf8(value.clone()).unwrap())
+        }
+        other => panic!("a record no client wrote: {other:?}"),
+    };
+    (json["seq_num"].as_u64().unwrap(), record)
+}
+
+/// What a REST call returned, as the model sees it; `None` when no connection could be
+/// made (the request never reached a server, so it did nothing).
+async fn over_rest(request: reqwest::RequestBuilder) -> Option<Outcome> {
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(e) if e.is_connect() => return None,
+        Err(_) => return Some(Outcome::Unknown),
+    };
+    let status = response.status().as_u16();
+    let Ok(body) = response.json::<Value>().await else {
+        return Some(Outcome::Unknown);
+    };
+    Some(match status {
+        200 if body.get("start").is_some() => Outcome::Appended {
+            start: body["start"]["seq_num"].as_u64().unwrap(),
+        },
+        200 if body.get("records").is_some() => Outcome::Records(
+            body["records"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(record_of)
+                .collect(),
+        ),
+        200 => Outcome::Tail(body["tail"]["seq_num"].as_u64().unwrap()),
+        412 if body.get("seq_num_mismatch").is_some() => Outcome::SeqNumMismatch {
+            tail: body["seq_num_mismatch"].as_u64().unwrap(),
+        },
+        412 => Outcome::FencingTokenMismatch {
+            token: body["fencing_token_mismatch"].as_str().unwrap().to_owned(),
+        },
+        416 => Outcome::PastTail {
+            tail: body["tail"]["seq_num"].as_u64().unwrap(),
+        },
+        // Storage trouble or a server going away: the outcome is not known.
+        500.. => Outcome::Unknown,
+        _ => panic!("an unexpected answer {status}: {body}"),
+    })
+}
+
+/// Sends `call` over REST and records it (unless it never reached a server).
+async fn rest(
+    http: &reqwest::Client,
+    endpoint: &str,
+    recorder: &Recorder,
+    client: &str,
+    kind: &'static str,
+    call: Call,
+) -> Option<Outcome> {
+    let url = format!("{endpoint}/v1/streams/{STREAM}/records");
+    let request = match &call {
+        Call::Append {
+            records,
+            match_seq_num,
+            fencing_token,
+        } => {
+            let mut input =
+                json!({ "records": records.iter().map(record_json).collect::<Vec<_>>() });
+            if let Some(seq) = match_seq_num {
+                input["match_seq_num"] = json!(seq);
             }
+            if let Some(token) = fencing_token {
+                input["fencing_token"] = json!(token);
+            }
+            http.post(url).json(&input)
+        }
+        Call::Read { from, limit } => http.get(format!("{url}?seq_num={from}&count={limit}")),
+        Call::CheckTail => http.get(format!("{url}/tail")),
+    };
+    let called = Instant::now();
+    let outcome = over_rest(
+        request
+            .header("s2-basin", BASIN)
+            .header("s2-format", "base64"),
+    )
+    .await?;
+    if let (Call::Append { records, .. }, Outcome::Appended { .. }) = (&call, &outcome) {
+        assert!(!records.is_empty());
+    }
+    recorder.record(client, kind, call, called, outcome.clone());
+    Some(outcome)
+}
+
+fn data(body: String) -> Record {
+    Record::Data(body)
+}
+
+/// Plain appends of 1–3 records, every third one conditional on the tail it last saw.
+async fn rest_appender(endpoint: String, id: usize, recorder: Arc<Recorder>) {
+    let http = streamgate_tests::client();
+    let name = format!("rest{id}");
+    let mut expected_tail = None;
+    for n in 0.. {
+        if recorder.stopped() {
+            break;
+        }
+        let size = rand::rng().random_range(1..=3);
+        let call = Call::Append {
+            records: (0..size).map(|i| data(format!("{name}-{n}/{i}"))).collect(),
+            match_seq_num: expected_tail.filter(|_| n % 3 == 0),
+            fencing_token: None,
+        };
+        match rest(&http, &endpoint, &recorder, &name, "rest append", call).await {
+            Some(Outcome::Appended { start }) => expected_tail = Some(start + size),
+            Some(Outcome::SeqNumMismatch { tail }) => expected_tail = Some(tail),
+            Some(_) => {}
+            None => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// One writer that holds the fence: it sets new fencing tokens, appends with its token
+/// (and now and then with a wrong one, which must be refused), and trims the stream.
+async fn fencer(endpoint: String, recorder: Arc<Recorder>) {
+    let http = streamgate_tests::client();
+    let name = "fencer";
+    let mut token = String::new();
+    for n in 0u64.. {
+        if recorder.stopped() {
+            break;
+        }
+        let holding = (!token.is_empty()).then(|| token.clone());
+        let (call, kind) = match n % 10 {
+            0 => (
+                Call::Append {
+                    records: vec![Record::Fence(format!("token-{n}"))],
+                    match_seq_num: None,
+                    fencing_token: holding,
+                },
+                "fence",
+            ),
+            5 => (
+                Call::Append {
+                    records: vec![Record::Trim(
+                        recorder
+                            .tail_hint
+                            .load(Ordering::Relaxed)
+                            .saturating_sub(40),
+                    )],
+                    match_seq_num: None,
+                    fencing_token: None,
+                },
+                "trim",
+            ),
+            7 => (
+                Call::Append {
+                    records: vec![data(format!("{name}-{n}/0"))],
+                    match_seq_num: None,
+                    fencing_token: Some("not-the-token".into()),
+                },
+                "refused fenced append",
+            ),
+            _ => (
+                Call::Append {
+                    records: vec![data(format!("{name}-{n}/0"))],
+                    match_seq_num: None,
+                    fencing_token: holding,
+                },
+                "fenced append",
+            ),
+        };
+        let fence = match &call {
+            Call::Append { records, .. } => match &records[0] {
+                Record::Fence(new) => Some(new.clone()),
+                _ => None,
+            },
+            _ => None,
+        };
+        match rest(&http, &endpoint, &recorder, name, kind, call).await {
+            Some(Outcome::Appended { .. }) => token = fence.unwrap_or(token),
+            Some(Outcome::FencingTokenMismatch { token: current }) => token = current,
+            Some(_) => {}
+            None => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// Reads of up to 20 records from anywhere up to just past the tail, and check-tails.
+async fn reader(endpoint: String, id: usize, recorder: Arc<Recorder>) {
+    let http = streamgate_tests::client();
+    let name = format!("reader{id}");
+    while !recorder.stopped() {
+        let hint = recorder.tail_hint.load(Ordering::Relaxed);
+        let (call, kind) = if rand::rng().random_bool(0.25) {
+            (Call::CheckTail, "check-tail")
+        } else {
+            let from = rand::rng().random_range(hint.saturating_sub(60)..=hint + 2);
+            let limit = rand::rng().random_range(1..=20);
+            (Call::Read { from, limit }, "read")
+        };
+        if rest(&http, &endpoint, &recorder, &name, kind, call)
+            .await
+            .is_none()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Calls in flight on a pipelined connection, oldest first.
+type InFlight = std::collections::VecDeque<(Call, Instant)>;
+
+/// Whatever is still in flight when a connection breaks has an unknown outcome.
+fn abandon(recorder: &Recorder, client: &str, kind: &'static str, in_flight: &mut InFlight) {
+    for (call, called) in in_flight.drain(..) {
+        recorder.record(client, kind, call, called, Outcome::Unknown);
+    }
+}
+
+/// An S2S append session with up to 8 inputs in flight, reopened whenever it breaks.
+async fn session_appender(endpoint: String, recorder: Arc<Recorder>) {
+    let name = "session";
+    let mut n = 0;
+    while !recorder.stopped() {
+        let Ok(mut session) = AppendSession::open(&endpoint, BASIN, STREAM).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let mut in_flight = InFlight::new();
+        loop {
+            while in_flight.len() < 8 && !recorder.stopped() {
+                let size = rand::rng().random_range(1..=4);
+                let bodies: Vec<String> = (0..size).map(|i| format!("{name}-{n}/{i}")).collect();
+                n += 1;
+                let refs: Vec<&[u8]> = bodies.iter().map(|b| b.as_bytes()).collect();
+                let called = Instant::now();
+                let sent = session.send(&refs).await;
+                in_flight.push_back((
+                    append(&bodies.iter().map(String::as_str).collect::<Vec<_>>()),
+                    called,
+                ));
+                if sent.is_err() {
+                    break;
+                }
+            }
+            if in_flight.is_empty() {
+                return;
+            }
+            match tokio::time::timeout(Duration::from_secs(10), session.ack()).await {
+                Ok(Ok((start, end))) => {
+                    let (call, called) = in_flight.pop_front().unwrap();
+                    let Call::Append { records, .. } = &call else {
+                        unreachable!()
+                    };
+                    assert_eq!(
+                        end - start,
+                        records.len() as u64,
+                        "an ack covers its whole input"
+                    );
+                    recorder.record(
+                        name,
+                        "session append",
+                        call,
+                        called,
+                        Outcome::Appended { start },
+                    );
+                }
+                _ => {
+                    abandon(&recorder, name, "session append", &mut in_flight);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Pipelined `XADD`s (up to 8 in flight) on the RESP port, reconnecting when cut off.
+async fn resp_appender(port: u16, recorder: Arc<Recorder>) {
+    let name = "resp";
+    let mut n = 0;
+    while !recorder.stopped() {
+        let Ok(mut connection) = resp::Connection::open(port, Some(BASIN)).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let mut in_flight = InFlight::new();
+        loop {
+            let mut pipeline = Vec::new();
+            while in_flight.len() < 8 && !recorder.stopped() {
+                let body = format!("{name}-{n}/0");
+                n += 1;
+                pipeline.push(vec![
+                    "XADD".into(),
+                    STREAM.into(),
+                    "*".into(),
+                    "b".into(),
+                    body.clone(),
+                ]);
+                in_flight.push_back((append(&[&body]), Instant::now()));
+            }
+            let sent = connection.send_pipelined(&pipeline).await;
+            if in_flight.is_empty() {
+                return;
+            }
+            let reply = match sent {
+                Ok(()) => tokio::time::timeout(Duration::from_secs(10), connection.reply()).await,
+                Err(e) => Ok(Err(e)),
+            };
+            match reply {
+                Ok(Ok(Reply::Bulk(Some(id)))) => {
+                    let id = String::from_utf8(id).unwrap();
+                    let seq = id.rsplit('-').next().unwrap().parse().unwrap();
+                    let (call, called) = in_flight.pop_front().unwrap();
+                    recorder.record(
+                        name,
+                        "resp xadd",
+                        call,
+                        called,
+                        Outcome::Appended { start: seq },
+                    );
+                }
+                // A refusal such as TRYAGAIN: the append did not happen as far as the
+                // client knows; its outcome is unknown to the model.
+                Ok(Ok(Reply::Error(_))) => {
+                    let (call, called) = in_flight.pop_front().unwrap();
+                    recorder.record(name, "resp xadd", call, called, Outcome::Unknown);
+                }
+                Ok(Ok(other)) => panic!("XADD answered {other:?}"),
+                _ => {
+                    abandon(&recorder, name, "resp xadd", &mut in_flight);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Every record of the stream, read in pages after all clients stopped, as operations
+/// of the history (they pin down what every earlier operation left behind).
+async fn read_everything(endpoint: &str, recorder: &Recorder) {
+    let http = streamgate_tests::client();
+    let mut from = 0;
+    loop {
+        let outcome = rest(
+            &http,
+            endpoint,
+            recorder,
+            "final",
+            "final read",
+            Call::Read { from, limit: 1000 },
+        )
+        .await
+        .expect("the server is up");
+        match outcome {
+            Outcome::Records(records) => from = records.last().unwrap().0 + 1,
+            Outcome::PastTail { .. } => return,
+            other => panic!("the final read answered {other:?}"),
         }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn appends_reads_and_tails_of_one_stream_are_linearizable() {
+async fn rest_session_and_resp_clients_see_one_linearizable_stream_across_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let mut server = Server::start(dir.path());
     let endpoint = server.endpoint.clone();
-    streamgate_tests::create_streams(&endpoint, BASIN, &["log"]).await;
-    let history = Arc::new(Mutex::new(Vec::<Event>::new()));
-    let deadline = Instant::now() + Duration::from_secs(4);
+    streamgate_tests::create_streams(&endpoint, BASIN, &[STREAM]).await;
+    let recorder = Arc::new(Recorder::default());
     let mut clients = Vec::new();
-    for id in 0..6 {
-        let (endpoint, history) = (endpoint.clone(), history.clone());
-        clients.push(tokio::spawn(async move {
-            let client = streamgate_tests::client();
-            let mut n = 0;
-            // Two appenders, two tailers, two readers; bounded so a read fits one batch.
-            while Instant::now() < deadline && n < 300 {
-                let start = Instant::now();
-                let op = match id % 3 {
-                    0 => {
-                        let body = format!("c{id}-{n}");
-                        let seq = append(&client, &endpoint, &body).await;
-                        Op::Append { body, seq }
-                    }
-                    1 => Op::Tail {
-                        tail: tail(&client, &endpoint).await,
-                    },
-                    _ => Op::Read {
-                        bodies: read_all(&client, &endpoint).await,
-                    },
-                };
-                history.lock().unwrap().push(Event {
-                    start,
-                    end: Instant::now(),
-                    op,
-                });
-                n += 1;
-            }
-        }));
+    for id in 0..2 {
+        clients.push(tokio::spawn(rest_appender(
+            endpoint.clone(),
+            id,
+            recorder.clone(),
+        )));
+        clients.push(tokio::spawn(reader(endpoint.clone(), id, recorder.clone())));
     }
+    clients.push(tokio::spawn(fencer(endpoint.clone(), recorder.clone())));
+    clients.push(tokio::spawn(session_appender(
+        endpoint.clone(),
+        recorder.clone(),
+    )));
+    clients.push(tokio::spawn(resp_appender(
+        server.resp_port,
+        recorder.clone(),
+    )));
+
+    // Every kind of client must keep getting answers in every round, after every
+    // restart: a front end that stopped working would otherwise go unnoticed.
+    let kinds = [
+        "rest append",
+        "fence",
+        "fenced append",
+        "refused fenced append",
+        "trim",
+        "session append",
+        "resp xadd",
+        "read",
+        "check-tail",
+    ];
+    let mut before = recorder.acked();
+    for round in 0..=KILLS {
+        tokio::time::sleep(ROUND).await;
+        let now = recorder.acked();
+        for kind in kinds {
+            let (was, is) = (
+                before.get(kind).copied().unwrap_or(0),
+                now.get(kind).copied().unwrap_or(0),
+            );
+            assert!(is > was, "round {round}: no {kind} was answered ({now:?})");
+        }
+        before = now;
+        if round < KILLS {
+            tokio::task::block_in_place(|| server.restart());
+        }
+    }
+    recorder.stop.store(true, Ordering::Relaxed);
     for client in clients {
         client.await.unwrap();
     }
-    let history = history.lock().unwrap().clone();
-    let count = |f: fn(&Op) -> bool| history.iter().filter(|e| f(&e.op)).count();
-    let (appends, tails, reads) = (
-        count(|op| matches!(op, Op::Append { .. })),
-        count(|op| matches!(op, Op::Tail { .. })),
-        count(|op| matches!(op, Op::Read { .. })),
+    read_everything(&endpoint, &recorder).await;
+
+    let history = recorder.ops.lock().unwrap().clone();
+    let checked = check(&history).unwrap_or_else(|e| {
+        // The whole history, for reading what went wrong.
+        let path =
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("linearizability-history.txt");
+        let origin = history.iter().map(|op| op.called).min().unwrap();
+        let mut sorted = history.clone();
+        sorted.sort_by_key(|op| op.called);
+        let text: String = sorted
+            .iter()
+            .map(|op| {
+                let ms = |t: Instant| t.saturating_duration_since(origin).as_secs_f64() * 1000.0;
+                format!(
+                    "{} [{:.3} .. {:.3}] {:?} -> {:?}\n",
+                    op.client,
+                    ms(op.called),
+                    ms(op.returned),
+                    op.call,
+                    op.outcome
+                )
+            })
+            .collect();
+        std::fs::write(&path, text).unwrap();
+        panic!("{e}the history is in {}", path.display())
+    });
+    let count = |f: &dyn Fn(&Operation) -> bool| history.iter().filter(|op| f(op)).count();
+    let acked_appends = count(&|op| matches!(op.outcome, Outcome::Appended { .. }));
+    let reads = count(&|op| matches!(op.outcome, Outcome::Records(_)));
+    let refusals = count(&|op| {
+        matches!(
+            op.outcome,
+            Outcome::SeqNumMismatch { .. } | Outcome::FencingTokenMismatch { .. }
+        )
+    });
+    eprintln!(
+        "linearizable: {} operations with known outcomes ({acked_appends} acknowledged appends, \
+         {reads} reads, {refusals} refused conditions), {} unknown appends of which {} took \
+         effect; {} search steps; acknowledged by kind: {:?}",
+        checked.known,
+        checked.unknown_appends,
+        checked.unknown_applied,
+        checked.steps,
+        recorder.acked()
     );
-    eprintln!("history: {appends} appends, {tails} tails, {reads} reads");
+    // Too small a history proves little: demand thousands of answered operations.
     assert!(
-        appends > 20 && tails > 20 && reads > 20,
-        "the clients overlapped enough to test"
+        checked.known >= 3000,
+        "only {} operations were answered",
+        checked.known
     );
-    check(&history);
-}
-
-/// The checker itself: histories that break the model are caught.
-fn at(ms: u64, until: u64, op: Op) -> Event {
-    let base = *BASE;
-    Event {
-        start: base + Duration::from_millis(ms),
-        end: base + Duration::from_millis(until),
-        op,
-    }
-}
-
-static BASE: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
-
-fn acked(body: &str, seq: u64, ms: u64, until: u64) -> Event {
-    at(
-        ms,
-        until,
-        Op::Append {
-            body: body.into(),
-            seq: Some(seq),
-        },
-    )
-}
-
-#[test]
-#[should_panic(expected = "misses an acknowledged append")]
-fn the_checker_catches_a_stale_tail() {
-    check(&[acked("a", 0, 0, 1), at(2, 3, Op::Tail { tail: 0 })]);
-}
-
-#[test]
-#[should_panic(expected = "was never appended")]
-fn the_checker_catches_a_phantom_record() {
-    check(&[
-        acked("a", 0, 0, 1),
-        at(
-            2,
-            3,
-            Op::Read {
-                bodies: vec!["b".into()],
-            },
-        ),
-    ]);
-}
-
-#[test]
-#[should_panic(expected = "went back")]
-fn the_checker_catches_a_tail_going_back() {
-    check(&[
-        acked("a", 0, 0, 10),
-        acked("b", 1, 0, 10),
-        at(1, 2, Op::Tail { tail: 2 }),
-        at(3, 4, Op::Tail { tail: 1 }),
-    ]);
-}
-
-#[test]
-fn the_checker_accepts_a_concurrent_but_consistent_history() {
-    check(&[
-        acked("a", 0, 0, 5),
-        at(1, 2, Op::Tail { tail: 0 }), // overlaps the append: either answer is fine
-        at(
-            3,
-            6,
-            Op::Read {
-                bodies: vec!["a".into()],
-            },
-        ),
-        at(7, 8, Op::Tail { tail: 1 }),
-    ]);
+    assert!(
+        acked_appends >= 1000,
+        "only {acked_appends} appends were acknowledged"
+    );
+    assert!(
+        reads >= 300 && refusals >= 20,
+        "too few reads ({reads}) or refusals ({refusals})"
+    );
 }
