@@ -49,58 +49,132 @@ pub async fn read_all(endpoint: &str, basin: &str, stream: usize) -> Vec<(u64, u
         .collect()
 }
 
+/// The first thing [`check`] found wrong with the streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// A stream is malformed: a gap in its sequence numbers, a timestamp going back, a
+    /// batch torn, out of order or present twice, or a record no client sent.
+    Malformed(String),
+    /// An acknowledged batch is not at the position its ack gave: absent, or `found`
+    /// somewhere else (stream, first seq_num).
+    AcknowledgedBatchMissing {
+        batch: String,
+        stream: usize,
+        start: u64,
+        found: Option<(usize, u64)>,
+    },
+    /// An acknowledged OTLP export is not in its stream.
+    AcknowledgedExportMissing { batch: String, stream: usize },
+    /// A batch the server refused is present.
+    RefusedBatchPresent { batch: String },
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Violation::Malformed(what) => f.write_str(what),
+            Violation::AcknowledgedBatchMissing {
+                batch,
+                stream,
+                start,
+                found,
+            } => write!(
+                f,
+                "acknowledged batch {batch} is not present at its acknowledged position \
+                 (stream s{stream}, seq_num {start}); found at: {found:?}"
+            ),
+            Violation::AcknowledgedExportMissing { batch, stream } => write!(
+                f,
+                "acknowledged OTLP export {batch} is not present in its stream s{stream}"
+            ),
+            Violation::RefusedBatchPresent { batch } => {
+                write!(f, "refused batch {batch} is present")
+            }
+        }
+    }
+}
+
+/// Checks the streams' records against the history (see the module comment); panics at
+/// the first violation. Returns how many batches are present.
 pub fn verify(history: &History, streams: &[Vec<(u64, u64, String)>]) -> usize {
+    check(history, streams).unwrap_or_else(|violation| panic!("{violation}"))
+}
+
+/// Like [`verify`], returning the first violation instead of panicking: for tests that
+/// expect one (a deliberately broken setup must be caught).
+pub fn check(history: &History, streams: &[Vec<(u64, u64, String)>]) -> Result<usize, Violation> {
+    let malformed = |what: String| Err(Violation::Malformed(what));
     let mut seen: HashMap<&str, (usize, u64)> = HashMap::new();
     for (stream, records) in streams.iter().enumerate() {
         let mut last_ts = 0;
         let mut i = 0;
         while i < records.len() {
             let (seq, ts, body) = &records[i];
-            assert_eq!(*seq, i as u64, "sequence numbers are dense");
-            assert!(*ts >= last_ts, "timestamps never go backwards");
-            last_ts = *ts;
-            let (batch, index) = body.split_once('/').expect("only test records exist");
-            assert_eq!(index, "0", "batch {batch} starts at its first record");
-            let size = *history
-                .sent
-                .get(batch)
-                .unwrap_or_else(|| panic!("{batch} was never sent"));
-            for k in 0..size {
-                let (_, _, body) = records
-                    .get(i + k)
-                    .unwrap_or_else(|| panic!("batch {batch} is cut short"));
-                assert_eq!(
-                    *body,
-                    format!("{batch}/{k}"),
-                    "batch {batch} is whole and in order"
-                );
+            if *seq != i as u64 {
+                return malformed(format!(
+                    "sequence numbers are dense: s{stream} has seq_num {seq} at index {i}"
+                ));
             }
-            assert!(
-                seen.insert(batch, (stream, i as u64)).is_none(),
-                "batch {batch} appears twice"
-            );
+            if *ts < last_ts {
+                return malformed(format!(
+                    "timestamps never go backwards: s{stream} goes from {last_ts} to {ts} at \
+                     seq_num {seq}"
+                ));
+            }
+            last_ts = *ts;
+            let Some((batch, index)) = body.split_once('/') else {
+                return malformed(format!("only test records exist: s{stream} has {body:?}"));
+            };
+            if index != "0" {
+                return malformed(format!(
+                    "batch {batch} starts at its first record: s{stream} seq_num {seq} is \
+                     record {index}"
+                ));
+            }
+            let Some(&size) = history.sent.get(batch) else {
+                return malformed(format!("{batch} was never sent"));
+            };
+            for k in 0..size {
+                let Some((_, _, body)) = records.get(i + k) else {
+                    return malformed(format!("batch {batch} is cut short"));
+                };
+                if *body != format!("{batch}/{k}") {
+                    return malformed(format!(
+                        "batch {batch} is whole and in order: record {k} is {body:?}"
+                    ));
+                }
+            }
+            if seen.insert(batch, (stream, i as u64)).is_some() {
+                return malformed(format!("batch {batch} appears twice"));
+            }
             i += size;
         }
     }
     for (batch, (stream, start, _)) in &history.acked {
-        assert_eq!(
-            seen.get(batch.as_str()),
-            Some(&(*stream, *start)),
-            "acknowledged batch {batch} is present at its acknowledged position"
-        );
+        let found = seen.get(batch.as_str()).copied();
+        if found != Some((*stream, *start)) {
+            return Err(Violation::AcknowledgedBatchMissing {
+                batch: batch.clone(),
+                stream: *stream,
+                start: *start,
+                found,
+            });
+        }
     }
     for (batch, stream) in &history.acked_unplaced {
-        assert_eq!(
-            seen.get(batch.as_str()).map(|(s, _)| s),
-            Some(stream),
-            "acknowledged OTLP export {batch} is present in its stream"
-        );
+        if seen.get(batch.as_str()).map(|(s, _)| s) != Some(stream) {
+            return Err(Violation::AcknowledgedExportMissing {
+                batch: batch.clone(),
+                stream: *stream,
+            });
+        }
     }
     for batch in &history.refused {
-        assert!(
-            !seen.contains_key(batch.as_str()),
-            "refused batch {batch} is absent"
-        );
+        if seen.contains_key(batch.as_str()) {
+            return Err(Violation::RefusedBatchPresent {
+                batch: batch.clone(),
+            });
+        }
     }
-    seen.len()
+    Ok(seen.len())
 }

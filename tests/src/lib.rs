@@ -4,6 +4,7 @@
 
 pub mod history;
 pub mod linearizability;
+pub mod power_loss_fs;
 pub mod proxy;
 pub mod resp;
 pub mod s2s;
