@@ -63,8 +63,17 @@ async fn object_store(dir: &Path) -> Arc<dyn ObjectStore> {
 }
 
 async fn open_with(dir: &Path, settings: EngineSettings) -> TestEngine {
+    open_with_objects(dir, settings, |objects| objects).await
+}
+
+/// `open_with`, on the object store that `wrap` makes of the test's own.
+async fn open_with_objects(
+    dir: &Path,
+    settings: EngineSettings,
+    wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>,
+) -> TestEngine {
     let metadata = metadata_store(dir).await;
-    let objects = object_store(dir).await;
+    let objects = wrap(object_store(dir).await);
     let settings = EngineSettings {
         reap_interval: Duration::from_millis(200),
         ..settings
@@ -359,6 +368,8 @@ async fn a_waiting_read_wakes_on_append() {
         let engine = engine.clone();
         let s = s.clone();
         tokio::spawn(async move {
+            // A read that is not woken by the append below returns empty when its
+            // wait ends, and fails the check.
             let req = ReadRequest {
                 start: ReadStart::TailOffset(0),
                 wait: Duration::from_secs(10),
@@ -367,17 +378,28 @@ async fn a_waiting_read_wakes_on_append() {
             engine.read(&basin(), &s, req, None).await
         })
     };
+    // Time for the read to reach its wait at the tail (had it not, it would find the
+    // record without waiting, and the test would prove less but still pass).
     tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !reader.is_finished(),
+        "the read waits at the tail of an empty stream"
+    );
     engine
         .append(&basin(), &s, records(&["hello"]), None)
         .await
         .unwrap();
-    let batch = tokio::time::timeout(Duration::from_secs(5), reader)
+    // The bound only keeps a broken build from hanging; it is longer than the wait.
+    let batch = tokio::time::timeout(Duration::from_secs(30), reader)
         .await
-        .expect("the waiting read returned promptly")
+        .expect("the read ends")
         .unwrap()
         .unwrap();
-    assert_eq!(bodies(&batch), ["hello"]);
+    assert_eq!(
+        bodies(&batch),
+        ["hello"],
+        "the read was woken by the append"
+    );
 }
 
 #[tokio::test]
@@ -621,6 +643,74 @@ async fn auto_creation_follows_the_basin_config() {
     ));
 }
 
+/// An object store that holds every WAL chunk put until the test lets it through, so
+/// the test decides when appends become durable; other objects pass.
+struct HeldWal {
+    inner: Arc<dyn ObjectStore>,
+    /// Whether WAL puts may go on to the store.
+    open: tokio::sync::watch::Sender<bool>,
+    /// WAL puts waiting to be let through.
+    waiting: tokio::sync::watch::Sender<usize>,
+}
+
+impl HeldWal {
+    fn new(inner: Arc<dyn ObjectStore>) -> HeldWal {
+        HeldWal {
+            inner,
+            open: tokio::sync::watch::Sender::new(true),
+            waiting: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    /// Waits until `count` WAL puts are held.
+    async fn holding(&self, count: usize) {
+        let mut waiting = self.waiting.subscribe();
+        let held = tokio::time::timeout(Duration::from_secs(30), waiting.wait_for(|n| *n == count));
+        assert!(
+            held.await.is_ok_and(|held| held.is_ok()),
+            "{count} WAL puts are held (the bound only keeps a broken build from hanging)"
+        );
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for HeldWal {
+    async fn put(&self, key: &str, data: Bytes) -> streamgate_core::Result<()> {
+        if key.starts_with("wal/") {
+            self.waiting.send_modify(|n| *n += 1);
+            let _ = self.open.subscribe().wait_for(|open| *open).await;
+            self.waiting.send_modify(|n| *n -= 1);
+        }
+        self.inner.put(key, data).await
+    }
+    async fn get(&self, key: &str) -> streamgate_core::Result<Option<Bytes>> {
+        self.inner.get(key).await
+    }
+    async fn get_range(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+    ) -> streamgate_core::Result<Bytes> {
+        self.inner.get_range(key, range).await
+    }
+    async fn list(&self, prefix: &str) -> streamgate_core::Result<Vec<String>> {
+        self.inner.list(prefix).await
+    }
+    async fn delete(&self, key: &str) -> streamgate_core::Result<()> {
+        self.inner.delete(key).await
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn prepare(&self, keys: &[String]) -> streamgate_core::Result<()> {
+        self.inner.prepare(keys).await
+    }
+}
+
+/// With the in-flight budget spent by appends whose chunks the store has not taken yet,
+/// a further append waits (the engine reports itself congested meanwhile) and is
+/// appended once the store takes them; one that finds no room for 10 s is refused
+/// retryably and never lands.
 #[tokio::test]
 async fn appends_beyond_the_in_flight_budget_wait_instead_of_failing() {
     let dir = tempfile::tempdir().unwrap();
@@ -628,22 +718,81 @@ async fn appends_beyond_the_in_flight_budget_wait_instead_of_failing() {
         max_inflight_bytes: 32 * 1024,
         ..Default::default()
     };
-    let engine = open_with(dir.path(), settings).await;
+    let mut held = None;
+    let engine = open_with_objects(dir.path(), settings, |objects| {
+        let wal = Arc::new(HeldWal::new(objects));
+        held = Some(wal.clone());
+        wal
+    })
+    .await;
+    let held = held.expect("the engine's object store");
     let s = setup(&engine, "budget").await;
+    // 8 KiB bodies: 9 KiB of budget each (8 bytes of metering overhead round up), so
+    // three fit in 32 KiB and a fourth does not.
     let body = "x".repeat(8 * 1024);
-    let appends: Vec<_> = (0..40)
-        .map(|_| {
-            let (engine, s, body) = (engine.clone(), s.clone(), body.clone());
-            tokio::spawn(async move { engine.append(&basin(), &s, records(&[&body]), None).await })
-        })
-        .collect();
-    for append in appends {
-        append.await.unwrap().unwrap();
+    let metered = records(&[&body]).records[0].metered_size();
+    let append = |engine: &TestEngine| {
+        let (caller, s, body) = (engine.root.clone(), s.clone(), body.clone());
+        tokio::spawn(async move { caller.append(&basin(), &s, records(&[&body]), None).await })
+    };
+
+    let mut tail = 0;
+    for round in ["waits", "is refused"] {
+        held.open.send_replace(false);
+        // Each append takes budget and goes on to a chunk of its own (linger 0, four
+        // chunks in flight), which the store holds.
+        let mut holders = Vec::new();
+        for n in 1..=3 {
+            assert!(
+                !engine.is_congested(metered),
+                "{round}: room for append {n}"
+            );
+            holders.push(append(&engine));
+            held.holding(n).await;
+        }
+        assert!(engine.is_congested(metered), "{round}: the budget is spent");
+        let beyond = append(&engine);
+        let outcome = if round == "waits" {
+            held.open.send_replace(true);
+            beyond.await.unwrap()
+        } else {
+            // Nothing frees budget: after 10 s of waiting the append is refused (the
+            // bound only keeps a broken build, which would not refuse, from hanging).
+            let refused = tokio::time::timeout(Duration::from_secs(60), beyond)
+                .await
+                .expect("an append waiting for budget is answered")
+                .unwrap();
+            held.open.send_replace(true);
+            refused
+        };
+        for holder in holders {
+            holder.await.unwrap().unwrap();
+        }
+        tail += 3;
+        match (round, outcome) {
+            ("waits", Ok(ack)) => {
+                assert_eq!(
+                    ack.start.seq_num, tail,
+                    "appended after the ones it waited for"
+                );
+                tail += 1;
+            }
+            ("is refused", Err(err)) => {
+                assert_eq!(err.kind(), streamgate_core::ErrorKind::Unavailable, "{err}");
+                assert!(err.kind().is_retryable(), "{err}");
+            }
+            (round, outcome) => panic!("the append beyond the budget {round}: {outcome:?}"),
+        }
+        assert_eq!(
+            engine.check_tail(&basin(), &s, None).await.unwrap().seq_num,
+            tail,
+            "{round}: the appends that were answered with success, and only those"
+        );
+        assert!(
+            !engine.is_congested(metered),
+            "{round}: the budget is free again"
+        );
     }
-    assert_eq!(
-        engine.check_tail(&basin(), &s, None).await.unwrap().seq_num,
-        40
-    );
 }
 
 /// Every record, read one batch at a time from `start`.

@@ -11,10 +11,12 @@
 //!   reset at once, or stalls for 3 s before being forwarded.
 //!
 //! Turning any mode on cuts or silences the connections opened before, so pooled
-//! connections meet the outage too.
+//! connections meet the outage too. `cut` resets every open connection while new ones
+//! keep working, as a restart of the service (or of a NAT between) does.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,6 +36,50 @@ pub struct Proxy {
     mode: watch::Sender<Mode>,
     /// Connections accepted while the mode was not `Forward`.
     faulted: Arc<AtomicUsize>,
+    cuts: Arc<Cuts>,
+}
+
+/// What `cut` needs to end exactly the connections open when it is called, and to know
+/// when it has: the forwarding connections open now, by the cut generation they were
+/// opened in, and a generation counter each of them watches.
+#[derive(Default)]
+struct Cuts {
+    open: Mutex<OpenConnections>,
+    generation: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct OpenConnections {
+    generation: u64,
+    by_generation: BTreeMap<u64, usize>,
+}
+
+/// A forwarding connection counted open (in the generation it was opened in) until it
+/// is dropped, however its task ends.
+struct Open<'a> {
+    cuts: &'a Cuts,
+    generation: u64,
+}
+
+impl<'a> Open<'a> {
+    fn register(cuts: &'a Cuts) -> Open<'a> {
+        let mut open = cuts.open.lock().unwrap();
+        let generation = open.generation;
+        *open.by_generation.entry(generation).or_default() += 1;
+        Open { cuts, generation }
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        let mut open = self.cuts.open.lock().unwrap();
+        if let Some(count) = open.by_generation.get_mut(&self.generation) {
+            *count -= 1;
+            if *count == 0 {
+                open.by_generation.remove(&self.generation);
+            }
+        }
+    }
 }
 
 impl Proxy {
@@ -43,17 +89,20 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let (mode, modes) = watch::channel(Mode::Forward);
         let faulted = Arc::new(AtomicUsize::new(0));
+        let cuts = Arc::new(Cuts::default());
         tokio::spawn(run(
             listener,
             port,
             upstream.to_owned(),
             modes,
             faulted.clone(),
+            cuts.clone(),
         ));
         Proxy {
             port,
             mode,
             faulted,
+            cuts,
         }
     }
 
@@ -64,6 +113,30 @@ impl Proxy {
     /// How many connections met a fault (were accepted while not forwarding).
     pub fn faulted_connections(&self) -> usize {
         self.faulted.load(Ordering::SeqCst)
+    }
+
+    /// Resets every forwarding connection open now, in the middle of whatever it carries,
+    /// and returns once they are all closed; connections opened from then on are
+    /// forwarded as before. Returns how many were cut.
+    pub async fn cut(&self) -> usize {
+        let (generation, cut) = {
+            let mut open = self.cuts.open.lock().unwrap();
+            open.generation += 1;
+            let cut = open.by_generation.values().sum();
+            (open.generation, cut)
+        };
+        self.cuts.generation.send_replace(generation);
+        for _ in 0..5000 {
+            let closed = {
+                let open = self.cuts.open.lock().unwrap();
+                open.by_generation.range(..generation).next().is_none()
+            };
+            if closed {
+                return cut;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("the proxy's connections did not close within 5 s of a cut");
     }
 }
 
@@ -89,6 +162,7 @@ async fn run(
     upstream: String,
     mut modes: watch::Receiver<Mode>,
     faulted: Arc<AtomicUsize>,
+    cuts: Arc<Cuts>,
 ) {
     let mut turn = 0u64;
     loop {
@@ -108,7 +182,7 @@ async fn run(
                     faulted.fetch_add(1, Ordering::SeqCst);
                 }
                 turn += 1;
-                tokio::spawn(connection(client, upstream.clone(), mode, turn, modes.clone()));
+                tokio::spawn(connection(client, upstream.clone(), mode, turn, modes.clone(), cuts.clone()));
             }
             changed = modes.changed() => if changed.is_err() { return },
         }
@@ -122,6 +196,7 @@ async fn connection(
     accepted_in: Mode,
     turn: u64,
     mut modes: watch::Receiver<Mode>,
+    cuts: Arc<Cuts>,
 ) {
     match accepted_in {
         Mode::Refuse => return reset(client),
@@ -146,15 +221,23 @@ async fn connection(
     let Ok(mut server) = TcpStream::connect(upstream.as_str()).await else {
         return reset(client);
     };
-    // A connection is cut when an outage starts (a stalled one of a faulty spell stays).
+    let open = Open::register(&cuts);
+    let mut generations = cuts.generation.subscribe();
+    // A connection is cut when an outage starts (a stalled one of a faulty spell stays),
+    // or by a `cut` after it opened.
     let outage = move |mode: &Mode| *mode != Mode::Forward && *mode != accepted_in;
     let cut_by = tokio::select! {
         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => None,
         mode = modes.wait_for(outage) => mode.ok().map(|mode| *mode),
+        _ = generations.wait_for(|g| *g > open.generation) => None,
     };
     if cut_by == Some(Mode::BlackHole) {
-        // Silence: both sockets stay open, nothing moves.
-        let _ = modes.wait_for(|mode| *mode != Mode::BlackHole).await;
+        // Silence: both sockets stay open, nothing moves (until the network heals, or a
+        // cut ends them).
+        tokio::select! {
+            _ = modes.wait_for(|mode| *mode != Mode::BlackHole) => {}
+            _ = generations.wait_for(|g| *g > open.generation) => {}
+        }
     }
     reset(server);
     reset(client);
@@ -175,16 +258,22 @@ pub async fn server_with_objects_behind_proxy(
     dir: &std::path::Path,
     bucket: &str,
 ) -> (Proxy, crate::Server) {
+    server_with_objects_behind_proxy_and_flags(s3, dir, bucket, &[]).await
+}
+
+/// `server_with_objects_behind_proxy`, with more command-line flags.
+pub async fn server_with_objects_behind_proxy_and_flags(
+    s3: &str,
+    dir: &std::path::Path,
+    bucket: &str,
+    flags: &[&str],
+) -> (Proxy, crate::Server) {
     let proxy = Proxy::start(s3.trim_start_matches("http://")).await;
-    let server = crate::Server::start_with(
-        dir,
-        &[
-            "--objects",
-            &format!("s3://{bucket}/records"),
-            "--s3-endpoint",
-            &format!("http://127.0.0.1:{}", proxy.port),
-        ],
-    );
+    let objects = format!("s3://{bucket}/records");
+    let endpoint = format!("http://127.0.0.1:{}", proxy.port);
+    let mut args = vec!["--objects", &objects, "--s3-endpoint", &endpoint];
+    args.extend_from_slice(flags);
+    let server = crate::Server::start_with(dir, &args);
     (proxy, server)
 }
 

@@ -824,14 +824,35 @@ async fn revocation_reaches_open_sessions_and_connections() {
     assert!(!bodies.iter().any(|b| b == "via-session-2"), "{bodies:?}");
 }
 
+/// A RESP connection that has not authenticated is served (with `NOAUTH`) until its
+/// 30 s are up, then told why and closed; one that authenticated at once stays.
 #[tokio::test]
 async fn redis_connections_must_authenticate_within_30_seconds() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
-    let started = std::time::Instant::now();
-    let mut idle = tokio::net::TcpStream::connect(("127.0.0.1", server.resp_port))
-        .await
-        .unwrap();
+    streamgate_tests::create_streams(&server.endpoint, BASIN_A, &[]).await;
+    let connect = || tokio::net::TcpStream::connect(("127.0.0.1", server.resp_port));
+    let mut idle = connect().await.unwrap();
+    let mut authenticated = connect().await.unwrap();
+    let auth = format!(
+        "*3\r\n$4\r\nAUTH\r\n${}\r\n{BASIN_A}\r\n${}\r\n{ROOT_TOKEN}\r\n",
+        BASIN_A.len(),
+        ROOT_TOKEN.len()
+    );
+    authenticated.write_all(auth.as_bytes()).await.unwrap();
+    assert_eq!(read_line(&mut authenticated).await, "+OK\r\n");
+    let ping = b"*1\r\n$4\r\nPING\r\n";
+
+    // Well inside its 30 s (and past any shorter limit a bug might set), the
+    // unauthenticated connection is still open and answered.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    idle.write_all(ping).await.unwrap();
+    assert_eq!(
+        read_line(&mut idle).await,
+        "-NOAUTH Authentication required.\r\n"
+    );
+
+    // Then the server gives up on it (the bound only keeps a broken build from hanging).
     let line = tokio::time::timeout(Duration::from_secs(40), read_line(&mut idle))
         .await
         .expect("the server gives up on the connection");
@@ -839,7 +860,10 @@ async fn redis_connections_must_authenticate_within_30_seconds() {
         line.starts_with("-ERR not authenticated within 30 seconds"),
         "{line}"
     );
-    assert!(started.elapsed() >= Duration::from_secs(29));
     let mut rest = [0u8; 1];
     assert_eq!(idle.read(&mut rest).await.unwrap(), 0, "and closes it");
+
+    // The connection that authenticated at once is served as before.
+    authenticated.write_all(ping).await.unwrap();
+    assert_eq!(read_line(&mut authenticated).await, "+PONG\r\n");
 }

@@ -5,9 +5,14 @@
 //! - sequence numbers are dense and timestamps never go backwards;
 //! - a batch whose ack never came is either wholly present or wholly absent;
 //! - nothing appears that no client sent.
+//!
+//! Every kind of client must have an append acknowledged in every round, and a client
+//! that cannot start, or loses its connection, while the server is up fails the test:
+//! only the kill may end a client.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use rand::Rng;
@@ -19,6 +24,63 @@ use streamgate_tests::{wire, Server};
 const BASIN: &str = "crash-test";
 const STREAMS: usize = 3;
 const CLIENTS: usize = 8;
+/// The kinds of client, by the letter in their batch ids: unary REST (`n`), S2S session
+/// (`s`), RESP (`x`), OTLP (`o`).
+const KINDS: [char; 4] = ['n', 's', 'x', 'o'];
+
+/// Whether the server is being killed (or stopped) on purpose. A client that loses the
+/// server only ends quietly once this is set: before that, a failure to connect, a
+/// broken connection or a stall means a front end is broken, and fails the test.
+#[derive(Clone, Default)]
+struct Killing(Arc<AtomicBool>);
+
+impl Killing {
+    /// For a server that may end on its own at any moment (a crash point).
+    fn from_the_start() -> Killing {
+        let killing = Killing::default();
+        killing.now();
+        killing
+    }
+
+    /// Called just before the test kills or stops the server.
+    fn now(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// A client lost the server while doing `what`: fine once the kill is under way.
+    fn lost(&self, what: &str) {
+        assert!(
+            self.0.load(Ordering::SeqCst),
+            "{what} failed while the server was up"
+        );
+    }
+}
+
+/// Batch ids are `c{client}r{round}{kind}{n}`: the round and kind of one.
+fn round_and_kind(batch: &str) -> (usize, char) {
+    let rest = &batch[batch.find('r').expect("a batch id names its round") + 1..];
+    let at = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .expect("a batch id names its kind");
+    (
+        rest[..at].parse().unwrap(),
+        rest[at..].chars().next().unwrap(),
+    )
+}
+
+/// The kinds of client that have no append acknowledged in `round` yet.
+fn kinds_without_an_ack(history: &History, round: usize) -> Vec<char> {
+    let mut acked = history.acked.keys().chain(history.acked_unplaced.keys());
+    let mut missing = KINDS.to_vec();
+    while !missing.is_empty() {
+        let Some(batch) = acked.next() else { break };
+        let (r, kind) = round_and_kind(batch);
+        if r == round {
+            missing.retain(|k| *k != kind);
+        }
+    }
+    missing
+}
 
 async fn append_until_failure(
     client: Client,
@@ -27,6 +89,7 @@ async fn append_until_failure(
     id: usize,
     round: usize,
     history: Arc<Mutex<History>>,
+    killing: Killing,
 ) {
     let mut n = 0;
     loop {
@@ -49,16 +112,17 @@ async fn append_until_failure(
         let ack: Value = match response {
             Ok(r) if r.status().is_success() => match r.json().await {
                 Ok(ack) => ack,
-                Err(_) => return,
+                Err(_) => return killing.lost("reading an append's ack"),
             },
             Ok(r) if r.status() == 503 => {
                 let error: Value = r.json().await.unwrap();
                 assert_eq!(error["code"], "server_draining");
                 history.lock().unwrap().refused.push(batch);
-                return;
+                return killing.lost("an append (refused: draining)");
             }
             Ok(r) => panic!("append failed while the server was up: {}", r.status()),
-            Err(_) => return, // the server died: this batch's fate is unknown
+            // The server died: this batch's fate is unknown.
+            Err(_) => return killing.lost("a unary append"),
         };
         let start = ack["start"]["seq_num"].as_u64().unwrap();
         let end = ack["end"]["seq_num"].as_u64().unwrap();
@@ -79,6 +143,7 @@ async fn session_until_failure(
     id: usize,
     round: usize,
     history: Arc<Mutex<History>>,
+    killing: Killing,
 ) {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(64);
     let body = futures::stream::unfold(rx, |mut rx| async move {
@@ -95,10 +160,15 @@ async fn session_until_failure(
         .body(reqwest::Body::wrap_stream(body))
         .send()
         .await;
-    let Ok(response) = response else { return };
-    if !response.status().is_success() {
-        return;
-    }
+    let Ok(response) = response else {
+        return killing.lost("starting an append session");
+    };
+    // An answer came, so the server was up: a refusal is a bug, whatever happens next.
+    assert!(
+        response.status().is_success(),
+        "an append session was refused: {}",
+        response.status()
+    );
     let mut frames = response.bytes_stream();
     let mut in_flight = std::collections::VecDeque::new();
     let mut buffer = Vec::new();
@@ -116,18 +186,23 @@ async fn session_until_failure(
                 .await
                 .is_err()
             {
-                return;
+                return killing.lost("sending an append session's input");
             }
             in_flight.push_back((batch, size));
         }
         match tokio::time::timeout(Duration::from_secs(10), frames.next()).await {
             Ok(Some(Ok(chunk))) => buffer.extend_from_slice(&chunk),
-            _ => return, // the server died: the unacknowledged inputs' fate is unknown
+            // The server died: the unacknowledged inputs' fate is unknown.
+            _ => return killing.lost("an append session"),
         }
         while let Some((flags, ack)) = wire::take_s2s_frame(&mut buffer) {
-            if flags & 0x80 != 0 {
-                return;
-            }
+            // Only the server writes a terminal frame: a kill never does.
+            assert_eq!(
+                flags & 0x80,
+                0,
+                "the append session ended: {}",
+                String::from_utf8_lossy(&ack)
+            );
             let (start, end) = wire::decode_ack_range(&ack);
             let (batch, size) = in_flight
                 .pop_front()
@@ -150,10 +225,11 @@ async fn resp_until_failure(
     id: usize,
     round: usize,
     history: Arc<Mutex<History>>,
+    killing: Killing,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut socket) = tokio::net::TcpStream::connect(("127.0.0.1", resp_port)).await else {
-        return;
+        return killing.lost("connecting to the RESP port");
     };
     let command = |args: &[&str]| {
         let mut out = format!("*{}\r\n", args.len());
@@ -167,7 +243,7 @@ async fn resp_until_failure(
         .await
         .is_err()
     {
-        return;
+        return killing.lost("sending AUTH");
     }
     let mut buffer = Vec::new();
     let mut authenticated = false;
@@ -185,13 +261,14 @@ async fn resp_until_failure(
                 in_flight.push_back(batch);
             }
             if socket.write_all(pipeline.as_bytes()).await.is_err() {
-                return;
+                return killing.lost("sending XADDs");
             }
         }
         let mut chunk = [0u8; 4096];
         match tokio::time::timeout(Duration::from_secs(10), socket.read(&mut chunk)).await {
             Ok(Ok(read)) if read > 0 => buffer.extend_from_slice(&chunk[..read]),
-            _ => return, // the server died: the unacknowledged XADDs' fate is unknown
+            // The server died: the unacknowledged XADDs' fate is unknown.
+            _ => return killing.lost("a RESP connection"),
         }
         // Replies: `+OK` to AUTH, then one bulk string `$len\r\n<ts>-<seq>\r\n` per XADD.
         while let Some(end) = buffer.windows(2).position(|w| w == b"\r\n") {
@@ -230,6 +307,7 @@ async fn otlp_until_failure(
     id: usize,
     round: usize,
     history: Arc<Mutex<History>>,
+    killing: Killing,
 ) {
     for n in 0.. {
         let batch = format!("c{id}r{round}o{n}");
@@ -250,9 +328,10 @@ async fn otlp_until_failure(
                 assert_eq!(body, json!({}), "no partial success");
                 history.lock().unwrap().acked_unplaced.insert(batch, stream);
             }
-            Ok(r) if r.status() == 503 => return, // draining: its fate is unknown
+            // Draining: its fate is unknown.
+            Ok(r) if r.status() == 503 => return killing.lost("an OTLP export (503)"),
             Ok(r) => panic!("OTLP export failed while the server was up: {}", r.status()),
-            Err(_) => return,
+            Err(_) => return killing.lost("an OTLP export"),
         }
     }
 }
@@ -265,7 +344,6 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
         .unwrap_or(12);
     let dir = tempfile::tempdir().unwrap();
     let mut server = Server::start(dir.path());
-    let client = streamgate_tests::client();
     let endpoint = server.endpoint.clone();
     let resp_port = server.resp_port;
     let streams: Vec<String> = (0..STREAMS).map(|s| format!("s{s}")).collect();
@@ -274,10 +352,15 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
 
     let history = Arc::new(Mutex::new(History::default()));
     for round in 0..iterations {
+        let killing = Killing::default();
+        // A client of its own each round, so no connection to the killed process is
+        // reused.
+        let client = streamgate_tests::client();
         // The clients append with unary requests, through append sessions, through
         // pipelined Redis XADDs and through OTLP exports, in turn.
         let clients: Vec<_> = (0..CLIENTS)
             .map(|id| {
+                let (history, killing) = (history.clone(), killing.clone());
                 if id % 4 == 3 {
                     tokio::spawn(otlp_until_failure(
                         client.clone(),
@@ -285,7 +368,8 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
                         id % STREAMS,
                         id,
                         round,
-                        history.clone(),
+                        history,
+                        killing,
                     ))
                 } else if id % 4 == 2 {
                     tokio::spawn(resp_until_failure(
@@ -293,7 +377,8 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
                         id % STREAMS,
                         id,
                         round,
-                        history.clone(),
+                        history,
+                        killing,
                     ))
                 } else if id % 4 == 0 {
                     tokio::spawn(append_until_failure(
@@ -302,7 +387,8 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
                         STREAMS,
                         id,
                         round,
-                        history.clone(),
+                        history,
+                        killing,
                     ))
                 } else {
                     tokio::spawn(session_until_failure(
@@ -310,17 +396,40 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
                         id % STREAMS,
                         id,
                         round,
-                        history.clone(),
+                        history,
+                        killing,
                     ))
                 }
             })
             .collect();
-        let delay = rand::rng().random_range(50..600);
+        // Every kind of client gets an append acknowledged by this process (so a front
+        // end broken by a restart fails the round), then the kill comes at a random
+        // moment under load. A client that ended already failed (only the kill may end
+        // one): awaiting it below reports why.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let missing = kinds_without_an_ack(&history.lock().unwrap(), round);
+            if missing.is_empty() || clients.iter().any(|c| c.is_finished()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: no append of the {missing:?} clients was acknowledged within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let delay = rand::rng().random_range(0..600);
         tokio::time::sleep(Duration::from_millis(delay)).await;
+        killing.now();
         server.kill9();
         for c in clients {
             c.await.unwrap();
         }
+        let missing = kinds_without_an_ack(&history.lock().unwrap(), round);
+        assert!(
+            missing.is_empty(),
+            "round {round}: the {missing:?} clients had no append acknowledged"
+        );
         server.restart();
         let mut streams = Vec::new();
         for s in 0..STREAMS {
@@ -331,21 +440,8 @@ async fn kill_9_under_load_loses_no_acknowledged_record() {
         let acked = history.acked.len() + history.acked_unplaced.len();
         let unacked = history.sent.len() - acked;
         eprintln!(
-            "round {round}: killed after {delay} ms; {acked} batches acknowledged, {present} present, {unacked} never acknowledged"
+            "round {round}: killed {delay} ms after every kind of client had an ack; {acked} batches acknowledged, {present} present, {unacked} never acknowledged"
         );
-        assert!(!history.acked.is_empty() || round == 0);
-    }
-    // Every kind of client had appends acknowledged: unary (`n`), session (`s`), RESP
-    // (`x`), OTLP (`o`).
-    for kind in ['n', 's', 'x', 'o'] {
-        let history = history.lock().unwrap();
-        let count = history
-            .acked
-            .keys()
-            .chain(history.acked_unplaced.keys())
-            .filter(|batch| batch.trim_start_matches(|c: char| c != 'r')[1..].contains(kind))
-            .count();
-        assert!(count > 0, "no `{kind}` client had an append acknowledged");
     }
     let acked = history.lock().unwrap().acked.len();
     assert!(
@@ -362,6 +458,7 @@ async fn sigterm_drains_and_acknowledged_records_survive() {
     let endpoint = server.endpoint.clone();
     streamgate_tests::create_streams(&endpoint, BASIN, &["s0"]).await;
     let history = Arc::new(Mutex::new(History::default()));
+    let killing = Killing::default();
     let clients: Vec<_> = (0..4)
         .map(|id| {
             tokio::spawn(append_until_failure(
@@ -371,10 +468,12 @@ async fn sigterm_drains_and_acknowledged_records_survive() {
                 id,
                 0,
                 history.clone(),
+                killing.clone(),
             ))
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
+    killing.now();
     let code = tokio::task::spawn_blocking(move || {
         let code = server.terminate();
         (server, code)
@@ -505,11 +604,13 @@ fn local_objects(dir: &std::path::Path, prefix: &str) -> Option<usize> {
     Some(count(&dir.join("objects").join(prefix)))
 }
 
-/// Appends from unary clients until the server goes away; the history of it all.
+/// Appends from unary clients until the server goes away (which `killing` is told
+/// of); the history of it all.
 async fn append_until_the_server_dies(
     endpoint: &str,
     round: usize,
     history: &Arc<Mutex<History>>,
+    killing: &Killing,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let client = streamgate_tests::client();
     (0..4)
@@ -521,6 +622,7 @@ async fn append_until_the_server_dies(
                 id,
                 round,
                 history.clone(),
+                killing.clone(),
             ))
         })
         .collect()
@@ -551,7 +653,9 @@ async fn a_crash_in_the_middle_of_compaction_loses_nothing() {
         server.restart();
 
         let history = Arc::new(Mutex::new(History::default()));
-        let clients = append_until_the_server_dies(&endpoint, 0, &history).await;
+        // The server aborts by itself, at a moment the test does not choose.
+        let clients =
+            append_until_the_server_dies(&endpoint, 0, &history, &Killing::from_the_start()).await;
         let status = server.wait_for_exit(Duration::from_secs(30));
         assert_eq!(
             status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s)),
@@ -570,8 +674,10 @@ async fn a_crash_in_the_middle_of_compaction_loses_nothing() {
         eprintln!("{point}: {acked} acknowledged, {present} present after the crash");
 
         // Compaction completes after the restart: the WAL shrinks, segments hold it all.
-        let clients = append_until_the_server_dies(&endpoint, 1, &history).await;
+        let killing = Killing::default();
+        let clients = append_until_the_server_dies(&endpoint, 1, &history, &killing).await;
         tokio::time::sleep(Duration::from_millis(1500)).await;
+        killing.now();
         server.kill9();
         for client in clients {
             client.await.unwrap();

@@ -687,13 +687,21 @@ async fn conditions_commands_and_the_416_table() {
                 .unwrap()
         })
     };
+    // Time for the read to reach its wait at the tail (had it not, it would find the
+    // record without waiting: the test would prove less, but still pass).
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!reader.is_finished(), "the read waits at the tail");
     append(json!({"records": [{"body": "late"}]})).await;
-    let batch = tokio::time::timeout(std::time::Duration::from_secs(10), reader)
+    // A read not woken by the append returns empty after its 30 s and fails below; the
+    // bound, longer than that, only keeps a broken build from hanging.
+    let batch = tokio::time::timeout(std::time::Duration::from_secs(60), reader)
         .await
-        .unwrap()
+        .expect("the read ends")
         .unwrap();
-    assert_eq!(batch["records"][0]["body"], "late");
+    assert_eq!(
+        batch["records"][0]["body"], "late",
+        "the read was woken by the append: {batch}"
+    );
 }
 
 #[tokio::test]
@@ -769,7 +777,9 @@ async fn http2_prior_knowledge_and_compression() {
     assert_eq!(response.version(), reqwest::Version::HTTP_2);
     assert_eq!(response.status(), StatusCode::CREATED);
 
-    // A large JSON read is zstd-compressed when asked.
+    // `gzip` and `zstd` both ways: append bodies the client compressed are decoded (a
+    // body not decoded is no JSON, and refused), and large responses are compressed
+    // in the encoding asked for, holding what was stored.
     let api = Api::new(&server);
     let (status, _, _) = api
         .call(
@@ -781,32 +791,92 @@ async fn http2_prior_knowledge_and_compression() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED);
-    let records: Vec<Value> = (0..50)
-        .map(|i| json!({"body": format!("record {i} {}", "x".repeat(100))}))
-        .collect();
-    api.call(
-        Method::POST,
-        "/streams/big/records",
-        Some("h2-basin-1"),
-        Some(json!({"records": records})),
-        &[],
-    )
-    .await;
     let raw = streamgate_tests::client_builder()
         .no_gzip()
+        .no_zstd()
         .build()
         .unwrap();
-    let response = raw
-        .get(format!(
-            "{}/v1/streams/big/records?seq_num=0",
-            server.endpoint
-        ))
-        .header("s2-basin", "h2-basin-1")
-        .header("accept-encoding", "zstd")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.headers()["content-encoding"], "zstd");
+    let mut expected = Vec::new();
+    for encoding in ["gzip", "zstd"] {
+        let bodies: Vec<String> = (0..25)
+            .map(|i| format!("{encoding} record {i} {}", "x".repeat(100)))
+            .collect();
+        let records: Vec<Value> = bodies.iter().map(|b| json!({ "body": b })).collect();
+        let plain = serde_json::to_vec(&json!({ "records": records })).unwrap();
+        let response = raw
+            .post(format!("{}/v1/streams/big/records", server.endpoint))
+            .header("s2-basin", "h2-basin-1")
+            .header("content-type", "application/json")
+            .header("content-encoding", encoding)
+            .body(compress(encoding, &plain))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        assert_eq!(
+            status,
+            200,
+            "{encoding}: {}",
+            response.text().await.unwrap()
+        );
+        expected.extend(bodies);
+    }
+    for encoding in ["gzip", "zstd"] {
+        let response = raw
+            .get(format!(
+                "{}/v1/streams/big/records?seq_num=0",
+                server.endpoint
+            ))
+            .header("s2-basin", "h2-basin-1")
+            .header("accept-encoding", encoding)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["content-encoding"], encoding);
+        let compressed = response.bytes().await.unwrap();
+        let batch: Value = serde_json::from_slice(&decompress(encoding, &compressed))
+            .unwrap_or_else(|e| panic!("{encoding}: the decoded response is JSON: {e}"));
+        let bodies: Vec<&str> = batch["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["body"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            bodies, expected,
+            "{encoding}: the response holds what was appended"
+        );
+    }
+}
+
+fn compress(encoding: &str, plain: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    match encoding {
+        "gzip" => {
+            let mut gzip =
+                flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            gzip.write_all(plain).unwrap();
+            gzip.finish().unwrap()
+        }
+        "zstd" => zstd::encode_all(plain, 3).unwrap(),
+        other => panic!("no encoder for {other}"),
+    }
+}
+
+fn decompress(encoding: &str, compressed: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut plain = Vec::new();
+    match encoding {
+        "gzip" => {
+            flate2::read::GzDecoder::new(compressed)
+                .read_to_end(&mut plain)
+                .unwrap();
+        }
+        "zstd" => plain = zstd::decode_all(compressed).unwrap(),
+        other => panic!("no decoder for {other}"),
+    }
+    plain
 }
 
 /// Starts the binary with `args` (no RESP listener, any HTTP port), expecting it to

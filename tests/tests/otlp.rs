@@ -366,3 +366,116 @@ async fn bad_requests_get_the_documented_failures() {
         .unwrap();
     assert_eq!(response.status(), 404);
 }
+
+/// With the in-flight budget spent (appends filling it wait for a store that does not
+/// answer), an export is turned away at once with `503` and `Retry-After`, which
+/// exporters retry, and stores nothing; once the store answers, the appends are
+/// acknowledged and exports are taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_get_503_with_retry_after_while_the_in_flight_budget_is_spent() {
+    use streamgate_tests::proxy::{server_with_objects_behind_proxy_and_flags, Mode};
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = format!("streamgate-test-otlp-{}", std::process::id());
+    // The smallest budget the server takes, 2 MiB; no compaction, so the only requests
+    // to the store are the WAL's.
+    let (proxy, server) = server_with_objects_behind_proxy_and_flags(
+        &streamgate_tests::backends::s3_endpoint(),
+        dir.path(),
+        &bucket,
+        &[
+            "--max-inflight-mib",
+            "2",
+            "--compaction-interval-ms",
+            "3600000",
+        ],
+    )
+    .await;
+    let otlp = Otlp {
+        // The bound only keeps a broken build (one that took the export and waits for
+        // the store) from hanging.
+        client: streamgate_tests::client_builder()
+            .timeout(std::time::Duration::from_secs(60))
+            .build()
+            .unwrap(),
+        endpoint: server.endpoint.clone(),
+    };
+    otlp.create_basin("otlp-busy", true).await;
+    streamgate_tests::create_streams(&otlp.endpoint, "otlp-busy", &["big"]).await;
+
+    // The store stops answering. Its pooled connections are cut first, so the chunk of
+    // each append below needs a new one, which the black hole accepts and counts.
+    proxy.cut().await;
+    proxy.set(Mode::BlackHole);
+    let mut fillers = Vec::new();
+    for filler in 1..=2 {
+        let client = otlp.client.clone();
+        let url = format!("{}/v1/streams/big/records", otlp.endpoint);
+        // 8 bytes of metering overhead: exactly 1 MiB, half the budget.
+        let body = "x".repeat(1024 * 1024 - 8);
+        fillers.push(tokio::spawn(async move {
+            client
+                .post(url)
+                .header("s2-basin", "otlp-busy")
+                .json(&json!({"records": [{"body": body}]}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }));
+        // Once its chunk is on its way to the store, the append holds its budget.
+        for _ in 0..3000 {
+            if proxy.faulted_connections() >= filler {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(
+            proxy.faulted_connections() >= filler,
+            "the chunk of append {filler} went to the store"
+        );
+    }
+
+    let export = |span: &str| request(vec![group(Some("spans"), &[span])]);
+    let (status, headers, body) = otlp
+        .export(Some("otlp-busy"), PROTOBUF, &[], export("turned-away"))
+        .await;
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    assert!(
+        headers.contains_key("retry-after"),
+        "a 503 says when to retry: {headers:?}"
+    );
+    #[derive(Clone, PartialEq, Message)]
+    struct RpcStatus {
+        #[prost(int32, tag = "1")]
+        code: i32,
+        #[prost(string, tag = "2")]
+        message: String,
+    }
+    let rpc = RpcStatus::decode(&body[..]).unwrap();
+    assert_eq!(rpc.code, 14, "UNAVAILABLE: {}", rpc.message);
+    assert!(
+        fillers.iter().all(|filler| !filler.is_finished()),
+        "the appends holding the budget wait for the store"
+    );
+
+    // The store answers again: the appends are durable, the budget free, exports taken.
+    proxy.set(Mode::Forward);
+    for filler in fillers {
+        assert_eq!(filler.await.unwrap(), 200);
+    }
+    let (status, _, _) = otlp
+        .export(Some("otlp-busy"), PROTOBUF, &[], export("taken"))
+        .await;
+    assert_eq!(status, 200);
+    let records = otlp.records("otlp-busy", "spans").await;
+    let spans: Vec<String> = records
+        .iter()
+        .map(|(_, body)| {
+            let stored = ExportTraceServiceRequest::decode(&body[..]).unwrap();
+            stored.resource_spans[0].scope_spans[0].spans[0]
+                .name
+                .clone()
+        })
+        .collect();
+    assert_eq!(spans, ["taken"], "the export turned away stored nothing");
+}

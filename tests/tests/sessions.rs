@@ -1,5 +1,6 @@
 //! Streaming sessions of the real binary, driven at the wire level: SSE reads with
-//! `Last-Event-ID` resumption, and an S2S append session drained by SIGTERM.
+//! `Last-Event-ID` resumption, S2S and SSE sessions drained by SIGTERM, and pipelined
+//! RESP `XADD`s.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -153,12 +154,50 @@ async fn a_following_sse_session_pings_when_it_catches_up_and_delivers_live_reco
     assert_eq!(batch["tail"]["seq_num"], 1, "live batches carry the tail");
 }
 
+/// The reconnect-advised flag of S2S frames.
+const RECONNECT_ADVISED: u8 = 0x10;
+
+/// Everything a streaming response sends until it ends (or its connection does).
+async fn read_to_end(response: reqwest::Response) -> Vec<u8> {
+    let mut body = response.bytes_stream();
+    let mut all = Vec::new();
+    // The bound only keeps a broken build from hanging.
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(30), body.next())
+        .await
+        .expect("the session ends")
+    {
+        match chunk {
+            Ok(chunk) => all.extend_from_slice(&chunk),
+            Err(_) => break, // the process exited; what arrived is checked
+        }
+    }
+    all
+}
+
 #[tokio::test]
 async fn sigterm_acknowledges_accepted_inputs_then_ends_append_sessions_with_server_draining() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = Server::start(dir.path());
     let endpoint = server.endpoint.clone();
     setup(&endpoint, "drained").await;
+    let h2 = streamgate_tests::client_builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+
+    // Read sessions following the stream, over S2S and SSE: a drain ends them.
+    let read_session = |accept: &'static str| {
+        h2.get(format!("{endpoint}/v1/streams/drained/records?seq_num=0"))
+            .header("s2-basin", BASIN)
+            .header("accept", accept)
+            .send()
+    };
+    let s2s_read = read_session("s2s/proto").await.unwrap();
+    let sse_read = read_session("text/event-stream").await.unwrap();
+    assert_eq!(s2s_read.status(), 200);
+    assert_eq!(sse_read.status(), 200);
+    let s2s_read = tokio::spawn(read_to_end(s2s_read));
+    let sse_read = tokio::spawn(read_to_end(sse_read));
 
     // An S2S append session over HTTP/2 that keeps sending one-record inputs.
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(16);
@@ -177,10 +216,6 @@ async fn sigterm_acknowledges_accepted_inputs_then_ends_append_sessions_with_ser
             }
         })
     };
-    let h2 = streamgate_tests::client_builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
     let response = h2
         .post(format!("{endpoint}/v1/streams/drained/records"))
         .header("s2-basin", BASIN)
@@ -195,6 +230,8 @@ async fn sigterm_acknowledges_accepted_inputs_then_ends_append_sessions_with_ser
     let mut acked_end = 0u64;
     let mut terminal = None;
     let mut terminated = false;
+    // The flags of each ack, and whether it was read before SIGTERM was sent.
+    let mut ack_flags: Vec<(bool, u8)> = Vec::new();
     while let Some(chunk) = tokio::time::timeout(Duration::from_secs(30), frames.next())
         .await
         .unwrap()
@@ -202,13 +239,18 @@ async fn sigterm_acknowledges_accepted_inputs_then_ends_append_sessions_with_ser
         buffer.extend_from_slice(&chunk.unwrap());
         while let Some((flags, body)) = wire::take_s2s_frame(&mut buffer) {
             if flags & 0x80 != 0 {
-                terminal = Some((u16::from_be_bytes([body[0], body[1]]), body[2..].to_vec()));
+                terminal = Some((
+                    flags,
+                    u16::from_be_bytes([body[0], body[1]]),
+                    body[2..].to_vec(),
+                ));
                 continue;
             }
             assert!(terminal.is_none(), "nothing follows the terminal frame");
             let (start, end) = wire::decode_ack_range(&body);
             assert_eq!(start, acked_end, "acks are in order and dense");
             acked_end = end;
+            ack_flags.push((!terminated, flags));
         }
         if acked_end >= 50 && !terminated {
             terminated = true;
@@ -221,11 +263,60 @@ async fn sigterm_acknowledges_accepted_inputs_then_ends_append_sessions_with_ser
         }
     }
     sender.abort();
-    let (status, body) = terminal.expect("the session ended with a terminal frame");
+    let (flags, status, body) = terminal.expect("the session ended with a terminal frame");
     assert_eq!(status, 503);
     let error: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(error["code"], "server_draining");
     assert!(*sent.lock().unwrap() >= acked_end);
+    // The reconnect-advised flag: never before the drain, on everything from the first
+    // message sent while draining on, and on the terminal frame.
+    let advised = |flags: u8| flags & RECONNECT_ADVISED != 0;
+    assert!(
+        ack_flags
+            .iter()
+            .all(|&(before, flags)| !before || !advised(flags)),
+        "no ack before SIGTERM advises reconnecting: {ack_flags:?}"
+    );
+    let first_advised = ack_flags
+        .iter()
+        .position(|&(_, flags)| advised(flags))
+        .unwrap_or(ack_flags.len());
+    assert!(
+        ack_flags[first_advised..]
+            .iter()
+            .all(|&(_, flags)| advised(flags)),
+        "once draining, every ack advises reconnecting: {ack_flags:?}"
+    );
+    assert!(advised(flags), "the terminal frame advises reconnecting");
+    eprintln!(
+        "{} acks advised reconnecting, of {} after SIGTERM",
+        ack_flags.len() - first_advised,
+        ack_flags.iter().filter(|(before, _)| !before).count()
+    );
+
+    // Both read sessions were ended by the drain with `server_draining`.
+    let mut s2s_frames = s2s_read.await.unwrap();
+    let mut last = None;
+    while let Some(frame) = wire::take_s2s_frame(&mut s2s_frames) {
+        last = Some(frame);
+    }
+    let (flags, body) = last.expect("the S2S read session sent frames");
+    assert_ne!(
+        flags & 0x80,
+        0,
+        "the S2S read session ends with a terminal frame"
+    );
+    assert_eq!(u16::from_be_bytes([body[0], body[1]]), 503);
+    let error: Value = serde_json::from_slice(&body[2..]).unwrap();
+    assert_eq!(error["code"], "server_draining", "{error}");
+    let sse = String::from_utf8(sse_read.await.unwrap()).unwrap();
+    let (event, _, data) = events(&sse).pop().expect("the SSE session sent events");
+    assert_eq!(
+        event, "error",
+        "the SSE session ends with an error event: {sse}"
+    );
+    let error: Value = serde_json::from_str(&data).unwrap();
+    assert_eq!(error["code"], "server_draining", "{error}");
 
     // After a restart the stream holds exactly the acknowledged inputs, in order.
     server.restart();
@@ -359,5 +450,90 @@ async fn sessions_on_a_missing_stream_fail_before_they_start() {
         assert_eq!(response.status(), 404, "{method} {accept:?}");
         let body: Value = response.json().await.unwrap();
         assert_eq!(body["code"], "stream_not_found");
+    }
+}
+
+/// Pipelined `XADD`s to one stream that arrive together are gathered into one append:
+/// their IDs are consecutive and share one timestamp, while another connection
+/// pipelines to the same stream at the same moment. (As separate appends, the two
+/// pipelines' entries would interleave, and cross millisecond boundaries.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_xadds_that_arrive_together_are_one_append() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    const PIPELINE: usize = 100;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    setup(&server.endpoint, "piped").await;
+    let command = |args: &[&str]| {
+        let mut out = format!("*{}\r\n", args.len());
+        for arg in args {
+            out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        out
+    };
+    for round in 0..10 {
+        let together = Arc::new(tokio::sync::Barrier::new(2));
+        let pipelines: Vec<_> = (0..2)
+            .map(|connection| {
+                let (together, port) = (together.clone(), server.resp_port);
+                // One write of a few KiB, which the server reads at once.
+                let pipeline: String = (0..PIPELINE)
+                    .map(|i| {
+                        command(&[
+                            "XADD",
+                            "piped",
+                            "*",
+                            "b",
+                            &format!("{round}-{connection}-{i}"),
+                        ])
+                    })
+                    .collect();
+                let auth = command(&["AUTH", BASIN, streamgate_tests::ROOT_TOKEN]);
+                tokio::spawn(async move {
+                    let socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                        .await
+                        .unwrap();
+                    let (reader, mut writer) = socket.into_split();
+                    let mut reader = tokio::io::BufReader::new(reader);
+                    let mut line = String::new();
+                    writer.write_all(auth.as_bytes()).await.unwrap();
+                    reader.read_line(&mut line).await.unwrap();
+                    assert_eq!(line, "+OK\r\n");
+                    together.wait().await;
+                    writer.write_all(pipeline.as_bytes()).await.unwrap();
+                    let mut ids = Vec::new();
+                    for _ in 0..PIPELINE {
+                        line.clear();
+                        reader.read_line(&mut line).await.unwrap();
+                        let len: usize = line
+                            .trim_end()
+                            .strip_prefix('$')
+                            .unwrap_or_else(|| panic!("XADD answered {line:?}"))
+                            .parse()
+                            .unwrap();
+                        let mut id = vec![0u8; len + 2];
+                        reader.read_exact(&mut id).await.unwrap();
+                        let id = String::from_utf8(id).unwrap();
+                        let (timestamp, seq) = id.trim_end().split_once('-').unwrap();
+                        ids.push((
+                            timestamp.parse::<u64>().unwrap(),
+                            seq.parse::<u64>().unwrap(),
+                        ));
+                    }
+                    ids
+                })
+            })
+            .collect();
+        for pipeline in pipelines {
+            let ids = pipeline.await.unwrap();
+            let (timestamp, first) = ids[0];
+            let expected: Vec<(u64, u64)> = (first..first + PIPELINE as u64)
+                .map(|seq| (timestamp, seq))
+                .collect();
+            assert_eq!(
+                ids, expected,
+                "round {round}: one append's consecutive IDs, one timestamp"
+            );
+        }
     }
 }
