@@ -152,13 +152,15 @@ impl Lifecycle {
     }
 
     /// Deletes objects, several at a time.
+    /// Deletes `keys` for good: the metadata that names them is forgotten next, so a
+    /// removal a crash could undo would leave an orphan no one deletes.
     async fn delete_objects(&self, keys: Vec<String>) -> Result<()> {
-        stream::iter(keys)
+        stream::iter(keys.clone())
             .map(|key| async move { self.objects.delete(&key).await })
             .buffer_unordered(PARALLEL_DELETES)
             .try_collect::<Vec<()>>()
-            .await
-            .map(|_| ())
+            .await?;
+        self.objects.sync_deletes(&keys).await
     }
 
     /// A stream is empty when no record of it is readable: everything is trimmed, or it

@@ -699,6 +699,9 @@ impl ObjectStore for HeldWal {
     async fn delete(&self, key: &str) -> streamgate_core::Result<()> {
         self.inner.delete(key).await
     }
+    async fn sync_deletes(&self, keys: &[String]) -> streamgate_core::Result<()> {
+        self.inner.sync_deletes(keys).await
+    }
     fn describe(&self) -> String {
         self.inner.describe()
     }

@@ -380,6 +380,26 @@ impl ObjectStore for LocalDirObjectStore {
         .map_err(|e| Error::internal("a file task did not finish", e))?
     }
 
+    /// One fsync per directory the keys are in: an unlink is durable once its
+    /// directory is synced.
+    async fn sync_deletes(&self, keys: &[String]) -> Result<()> {
+        let mut dirs = BTreeSet::new();
+        for key in keys {
+            let path = self.path_of(key)?;
+            dirs.insert(path.parent().expect("object paths have a parent").to_owned());
+        }
+        tokio::task::spawn_blocking(move || {
+            dirs.into_iter().try_for_each(|dir| match File::open(&dir) {
+                Ok(handle) => handle.sync_all().map_err(|e| io_error(&dir, e)),
+                // The directory is gone (an empty one removed): nothing in it to sync.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(io_error(&dir, e)),
+            })
+        })
+        .await
+        .map_err(|e| Error::internal("a file task did not finish", e))?
+    }
+
     fn describe(&self) -> String {
         format!("local directory {}", self.root.display())
     }

@@ -20,8 +20,15 @@ pub trait ObjectStore: Send + Sync + 'static {
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes>;
     /// Keys that start with `prefix`, in lexicographic order.
     async fn list(&self, prefix: &str) -> Result<Vec<String>>;
-    /// Removes an object; removing a missing object is not an error.
+    /// Removes an object; removing a missing object is not an error. The removal may
+    /// not survive a crash until `sync_deletes` covers it.
     async fn delete(&self, key: &str) -> Result<()>;
+    /// Makes the removal of `keys` (deleted already) durable, so that a crash cannot
+    /// bring them back once the metadata forgets them: they would stay as orphans no
+    /// one deletes. Nothing to do where a delete is durable when it returns (S3).
+    async fn sync_deletes(&self, _keys: &[String]) -> Result<()> {
+        Ok(())
+    }
     /// A short description for logs and the start-up banner.
     fn describe(&self) -> String;
     /// Gets ready for puts of `keys` expected soon, where a store can do part of a put's
