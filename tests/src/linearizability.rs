@@ -20,7 +20,10 @@
 //! some read returned fixes that append's position; positions that acknowledged appends
 //! or such reads account for are closed to every other append; and an unknown append of
 //! ordinary records that no read saw never needs to take effect past every tail anyone
-//! observed, since nothing after it could tell (it is as if it never happened).
+//! observed, since nothing after it could tell (it is as if it never happened). Such an
+//! append's records are never read, so where it fills a gap only its length matters: the
+//! model keeps them as unseen filler, and orders of fillers that end alike are explored
+//! once. Operations of one pipeline take effect in the order they were sent.
 //!
 //! The model of a stream: a sequence of records (ordinary ones, and `fence` and `trim`
 //! command records, which take a position like any record), its fencing token and its
@@ -88,6 +91,10 @@ pub enum Outcome {
 pub struct Operation {
     /// Who called it (for reports only).
     pub client: String,
+    /// The pipelined session or connection it was sent on, if any: the server applies
+    /// one pipeline's operations in the order they were sent (an S2S append session, a
+    /// RESP connection), so they take effect in that order, whatever their outcomes.
+    pub pipeline: Option<String>,
     pub call: Call,
     pub outcome: Outcome,
     pub called: Instant,
@@ -207,6 +214,7 @@ fn check_with_budget(history: &[Operation], max_steps: u64) -> Result<Checked, C
         );
     }
     let placements = Placements::of(&ops);
+    let mut pipelines = Pipelines::of(&ops);
     let mut events = Events::of(&ops);
     let known = ops.iter().filter(|op| !op.is_unknown()).count();
     let mut remaining_known = known;
@@ -235,15 +243,24 @@ fn check_with_budget(history: &[Operation], max_steps: u64) -> Result<Checked, C
         match event.map(|e| events.kind[e]) {
             Some(EventKind::Call(op)) => {
                 let e = event.unwrap();
-                let allowed = placements.allows(op, stream.tail());
-                if let Some(undo) = allowed.then(|| stream.apply(ops[op])).flatten() {
+                let allowed = pipelines.allows(op) && placements.allows(op, stream.tail());
+                let applied = allowed
+                    .then(|| stream.apply(ops[op], placements.is_filler(op)))
+                    .flatten();
+                if let Some(undo) = applied {
                     placed.set(op);
                     if explored.insert((placed.clone(), stream.key())) {
+                        let pipeline_before = pipelines.place(op);
                         events.lift(e, ops[op].is_unknown());
                         if !ops[op].is_unknown() {
                             remaining_known -= 1;
                         }
-                        choices.push(Choice { op, event: e, undo });
+                        choices.push(Choice {
+                            op,
+                            event: e,
+                            undo,
+                            pipeline_before,
+                        });
                         event = events.first();
                         continue;
                     }
@@ -282,6 +299,7 @@ fn check_with_budget(history: &[Operation], max_steps: u64) -> Result<Checked, C
                     return Err(CheckError::NotLinearizable(Box::new(violation)));
                 };
                 stream.undo(choice.undo);
+                pipelines.unplace(choice.op, choice.pipeline_before);
                 placed.clear(choice.op);
                 events.unlift(choice.event, ops[choice.op].is_unknown());
                 if !ops[choice.op].is_unknown() {
@@ -377,7 +395,12 @@ impl Placements {
                 let placement = match seen {
                     // Seen at a position its batch cannot start before: nowhere.
                     Some(start) => Placement::At(start.unwrap_or(u64::MAX)),
-                    None if records.iter().all(|r| matches!(r, Record::Data(_))) => {
+                    // Ordinary records that no read returned and that no other append
+                    // holds: no read can have returned them.
+                    None if records
+                        .iter()
+                        .all(|r| matches!(r, Record::Data(_)) && identifying(r)) =>
+                    {
                         Placement::InGaps
                     }
                     None => Placement::Unclaimed,
@@ -390,6 +413,11 @@ impl Placements {
             claimed,
             horizon,
         }
+    }
+
+    /// Whether `op`'s records, where it takes effect, are never read by anyone.
+    fn is_filler(&self, op: usize) -> bool {
+        self.of_op[op].0 == Placement::InGaps
     }
 
     /// Whether operation `op` may take effect on a stream whose tail is `tail`.
@@ -435,6 +463,58 @@ struct Choice {
     op: usize,
     event: usize,
     undo: Undo,
+    pipeline_before: Option<usize>,
+}
+
+/// The order within each pipeline: an operation never takes effect after one sent later
+/// on the same pipeline. Placing one rules out the earlier ones not placed yet (unknown
+/// appends that did not take effect; a known one makes this path a dead end).
+struct Pipelines {
+    /// Each operation's pipeline and its place in it (in call order).
+    of_op: Vec<Option<(usize, usize)>>,
+    /// For each pipeline, the place of the last operation placed.
+    last_placed: Vec<Option<usize>>,
+}
+
+impl Pipelines {
+    fn of(ops: &[&Operation]) -> Pipelines {
+        let mut ids: HashMap<&str, usize> = HashMap::new();
+        let mut by_call: Vec<usize> = (0..ops.len()).collect();
+        by_call.sort_by_key(|i| ops[*i].called);
+        let mut of_op = vec![None; ops.len()];
+        let mut lengths: Vec<usize> = Vec::new();
+        for i in by_call {
+            if let Some(name) = &ops[i].pipeline {
+                let next_id = ids.len();
+                let id = *ids.entry(name).or_insert(next_id);
+                if id == lengths.len() {
+                    lengths.push(0);
+                }
+                of_op[i] = Some((id, lengths[id]));
+                lengths[id] += 1;
+            }
+        }
+        Pipelines {
+            of_op,
+            last_placed: vec![None; lengths.len()],
+        }
+    }
+
+    fn allows(&self, op: usize) -> bool {
+        self.of_op[op].is_none_or(|(id, at)| self.last_placed[id].is_none_or(|last| at > last))
+    }
+
+    /// Records `op` as placed; returns what `unplace` needs to take that back.
+    fn place(&mut self, op: usize) -> Option<usize> {
+        let (id, at) = self.of_op[op]?;
+        self.last_placed[id].replace(at)
+    }
+
+    fn unplace(&mut self, op: usize, before: Option<usize>) {
+        if let Some((id, _)) = self.of_op[op] {
+            self.last_placed[id] = before;
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -560,10 +640,19 @@ struct StateKey {
     trim_point: u64,
 }
 
+/// A position of the model's stream.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Slot {
+    Holds(Record),
+    /// A record that no operation ever observes (see `Placement::InGaps`): any read of
+    /// it is a mismatch, and which append put it there makes no difference.
+    Filler,
+}
+
 /// The model of one stream.
 #[derive(Default)]
 struct Model {
-    records: Vec<Record>,
+    records: Vec<Slot>,
     /// `prefix_hashes[i]` is a hash of `records[..=i]`.
     prefix_hashes: Vec<u64>,
     fencing_token: String,
@@ -596,7 +685,7 @@ impl Model {
 
     /// Applies `op` if the stream, as it is now, would have answered it as it was
     /// answered; `None` if not.
-    fn apply(&mut self, op: &Operation) -> Option<Undo> {
+    fn apply(&mut self, op: &Operation, filler: bool) -> Option<Undo> {
         let tail = self.tail();
         match (&op.call, &op.outcome) {
             (
@@ -613,9 +702,9 @@ impl Model {
                     .is_none_or(|t| *t == self.fencing_token);
                 match outcome {
                     Outcome::Appended { start } if *start == tail && seq_ok && token_ok => {
-                        Some(self.append(records))
+                        Some(self.append(records, filler))
                     }
-                    Outcome::Unknown if seq_ok && token_ok => Some(self.append(records)),
+                    Outcome::Unknown if seq_ok && token_ok => Some(self.append(records, filler)),
                     Outcome::SeqNumMismatch { tail: answered } if !seq_ok => {
                         (*answered == tail).then_some(Undo::Nothing)
                     }
@@ -642,7 +731,7 @@ impl Model {
                     read.len() == expected.len()
                         && read.iter().zip(expected).enumerate().all(
                             |(i, ((seq, record), want))| {
-                                *seq == (first + i) as u64 && record == want
+                                *seq == (first + i) as u64 && *want == Slot::Holds(record.clone())
                             },
                         );
                 matches.then_some(Undo::Nothing)
@@ -654,7 +743,7 @@ impl Model {
         }
     }
 
-    fn append(&mut self, records: &[Record]) -> Undo {
+    fn append(&mut self, records: &[Record], filler: bool) -> Undo {
         let undo = Undo::Appended {
             tail: self.tail(),
             fencing_token: self.fencing_token.clone(),
@@ -670,10 +759,15 @@ impl Model {
                 }
                 Record::Data(_) => {}
             }
+            let slot = if filler {
+                Slot::Filler
+            } else {
+                Slot::Holds(record.clone())
+            };
             let mut hasher = DefaultHasher::new();
-            (self.prefix_hashes.last(), record).hash(&mut hasher);
+            (self.prefix_hashes.last(), &slot).hash(&mut hasher);
             self.prefix_hashes.push(hasher.finish());
-            self.records.push(record.clone());
+            self.records.push(slot);
         }
         undo
     }
@@ -714,11 +808,18 @@ impl HandHistory {
     pub fn op(&mut self, called: u64, returned: u64, call: Call, outcome: Outcome) -> &mut Self {
         self.ops.push(Operation {
             client: format!("op{}", self.ops.len()),
+            pipeline: None,
             call,
             outcome,
             called: self.origin + Duration::from_millis(called),
             returned: self.origin + Duration::from_millis(returned),
         });
+        self
+    }
+
+    /// Puts the last operation added on pipeline `name`.
+    pub fn on_pipeline(&mut self, name: &str) -> &mut Self {
+        self.ops.last_mut().expect("an operation").pipeline = Some(name.to_owned());
         self
     }
 
