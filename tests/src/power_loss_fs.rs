@@ -33,6 +33,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -56,6 +57,8 @@ pub enum Mutation {
 /// A mounted power-loss file system; unmounted when dropped.
 pub struct PowerLossFs {
     mountpoint: PathBuf,
+    /// `mountpoint` with every symlink resolved, as the kernel lists it among the mounts.
+    canonical_mountpoint: PathBuf,
     state: Arc<Mutex<State>>,
     session: Option<fuser::BackgroundSession>,
 }
@@ -83,6 +86,7 @@ impl PowerLossFs {
     ) -> io::Result<PowerLossFs> {
         let mut fs = PowerLossFs {
             mountpoint: mountpoint.to_path_buf(),
+            canonical_mountpoint: mountpoint.canonicalize()?,
             state: Arc::new(Mutex::new(State::new(mutation))),
             session: None,
         };
@@ -132,19 +136,44 @@ impl PowerLossFs {
         // From here on the old session's requests are refused, even if the unmount below
         // has to leave it running.
         lock(&self.state).generation += 1;
-        match self.session.take() {
-            Some(session) => session.umount_and_join().map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!(
-                        "unmounting the power-loss test file system at {} failed (is a \
-                         process still using it?): {e}",
-                        self.mountpoint.display()
-                    ),
-                )
-            }),
-            None => Ok(()),
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        // `umount_and_join` is umount(2), then a join of the session's thread, and gives
+        // one error for both; whether the mount is still there tells them apart.
+        let Err(e) = session.umount_and_join() else {
+            return Ok(());
+        };
+        if is_mount_point(&self.canonical_mountpoint)? {
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "unmounting the power-loss test file system at {} failed (is a process \
+                     still using it?): {e}",
+                    self.mountpoint.display()
+                ),
+            ));
         }
+        // Unmounted, but the session's read of /dev/fuse failed with ECONNABORTED: the
+        // unmount shut the connection down (fuse_abort_conn) just after that read had
+        // taken a request off the kernel's queue, before it could hand it over. The
+        // request is then ended with an error, which is what the unmount does to every
+        // request in flight anyway. One is often in flight at a cut: the server was
+        // killed with files open on the mount, and the kernel sends their RELEASEs in
+        // the background, after the process is gone. fuser ends the session cleanly only
+        // on ENODEV, which is what reads get after an unmount that caught no request
+        // half-way.
+        if e.kind() == io::ErrorKind::ConnectionAborted {
+            return Ok(());
+        }
+        Err(io::Error::new(
+            e.kind(),
+            format!(
+                "the power-loss test file system at {} was unmounted, but its session \
+                 ended with an error: {e}",
+                self.mountpoint.display()
+            ),
+        ))
     }
 
     #[cfg(test)]
@@ -158,6 +187,44 @@ impl Drop for PowerLossFs {
     fn drop(&mut self) {
         let _ = self.detach();
     }
+}
+
+/// Whether something is mounted at `path` (canonical) in this process's mount namespace.
+/// It reads /proc/self/mountinfo rather than looking at `path` itself, since a look at a
+/// FUSE mount whose session has ended would hang or fail.
+fn is_mount_point(path: &Path) -> io::Result<bool> {
+    let mountinfo = std::fs::read("/proc/self/mountinfo")?;
+    let path = path.as_os_str().as_bytes();
+    Ok(mountinfo.split(|&b| b == b'\n').any(|line| {
+        // The fifth field is the mount point.
+        line.split(|&b| b == b' ')
+            .nth(4)
+            .is_some_and(|field| unescape_mountinfo(field) == path)
+    }))
+}
+
+/// A mountinfo field with its octal escapes (`\040` for a space, and so on) undone.
+fn unescape_mountinfo(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let octal = field.get(i + 1..i + 4).and_then(|digits| {
+            std::str::from_utf8(digits)
+                .ok()
+                .and_then(|digits| u8::from_str_radix(digits, 8).ok())
+        });
+        match (field[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -1152,6 +1219,24 @@ mod tests {
         assert!(fs.path().join("m/sub").is_dir());
         assert!(!fs.path().join("m/sub/f").exists());
         assert_eq!(fs::read(fs.path().join("outside")).unwrap(), b"data");
+    }
+
+    #[test]
+    fn the_mount_is_listed_while_mounted_and_across_a_cut_and_gone_when_dropped() {
+        let mountpoint = tempfile::tempdir().unwrap();
+        let canonical = mountpoint.path().canonicalize().unwrap();
+        assert!(!is_mount_point(&canonical).unwrap());
+        let mut fs = PowerLossFs::mount(mountpoint.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(is_mount_point(&canonical).unwrap());
+        fs.cut_power().unwrap();
+        assert!(is_mount_point(&canonical).unwrap());
+        drop(fs);
+        assert!(!is_mount_point(&canonical).unwrap());
+        // The kernel escapes a space as \040 and a backslash as \134.
+        assert_eq!(
+            unescape_mountinfo(br"/tmp/a\040b\134c\9"),
+            b"/tmp/a b\\c\\9"
+        );
     }
 
     #[test]
