@@ -386,7 +386,11 @@ impl ObjectStore for LocalDirObjectStore {
         let mut dirs = BTreeSet::new();
         for key in keys {
             let path = self.path_of(key)?;
-            dirs.insert(path.parent().expect("object paths have a parent").to_owned());
+            dirs.insert(
+                path.parent()
+                    .expect("object paths have a parent")
+                    .to_owned(),
+            );
         }
         tokio::task::spawn_blocking(move || {
             dirs.into_iter().try_for_each(|dir| match File::open(&dir) {
