@@ -115,6 +115,9 @@ impl AppendSession {
                 }
             }
         }
+        // A submit can meet the drain (and fail with `server_draining`) before this loop
+        // notices it: the terminal frame advises reconnecting either way.
+        let draining = draining || self.drain.is_draining();
         let terminal = match failure {
             Some(err) => Some(err),
             None if draining => Some(ApiError::from(Error::ServerDraining)),
