@@ -13,18 +13,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+source scripts/backends.sh
+
 echo "==> PostgreSQL"
 # The metadata-store conformance suite, the engine suite and the black-box suites also
 # run against PostgreSQL, each test server in a database of its own that streamgate
 # creates. Databases left by an earlier run are dropped first.
-export STREAMGATE_TEST_POSTGRES="${STREAMGATE_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}"
-if ! psql "$STREAMGATE_TEST_POSTGRES/postgres" -qAtc 'select 1' >/dev/null; then
-  echo "PostgreSQL does not answer at $STREAMGATE_TEST_POSTGRES: start it, or set STREAMGATE_TEST_POSTGRES (.ci/run installs one)" >&2
-  exit 1
-fi
-psql "$STREAMGATE_TEST_POSTGRES/postgres" -qAtc \
-  "select datname from pg_database where datname like 'streamgate\_test\_%'" |
-  while read -r stale; do psql "$STREAMGATE_TEST_POSTGRES/postgres" -qc "drop database \"$stale\""; done
+require_postgres
+drop_stale_test_databases
 
 echo "==> Python environment (client suites; moto, the S3 server)"
 venv=.venv-compat
@@ -36,20 +32,7 @@ fi
 echo "==> S3 server (moto)"
 # The object-store conformance suite and the engine and black-box suites run against
 # a real S3-API server process over HTTP, each test in a bucket of its own.
-if [ -z "${STREAMGATE_TEST_S3_ENDPOINT:-}" ]; then
-  port=$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  mkdir -p target
-  "$venv/bin/moto_server" -H 127.0.0.1 -p "$port" > target/moto.log 2>&1 &
-  moto_pid=$!
-  trap 'kill "$moto_pid" 2>/dev/null || true' EXIT
-  for _ in $(seq 1 50); do
-    curl -fs -o /dev/null "http://127.0.0.1:$port/" && break
-    sleep 0.2
-  done
-  export STREAMGATE_TEST_S3_ENDPOINT="http://127.0.0.1:$port"
-fi
-export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-test}" AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-test}"
-export AWS_REGION="${AWS_REGION:-us-east-1}"
+require_s3_server "$venv"
 
 echo "==> building streamgate"
 cargo build --locked --bin streamgate

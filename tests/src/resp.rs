@@ -48,7 +48,9 @@ pub struct Connection {
 
 impl Connection {
     /// Connects to `127.0.0.1:port` and, when `basin` is given, logs in with the root
-    /// token (`AUTH <basin> <token>`).
+    /// token (`AUTH <basin> <token>`). A login the server answered with anything but
+    /// `+OK` is an error of kind `PermissionDenied`, so that a caller can tell a server
+    /// that refused it from one it could not reach or lost.
     pub async fn open(port: u16, basin: Option<&str>) -> io::Result<Connection> {
         let (reader, writer) = TcpStream::connect(("127.0.0.1", port)).await?.into_split();
         let mut connection = Connection {
@@ -60,7 +62,10 @@ impl Connection {
             match connection.reply().await? {
                 Reply::Simple(ok) if ok == "OK" => {}
                 other => {
-                    return Err(io::Error::other(format!("AUTH answered {other:?}")));
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!("AUTH answered {other:?}"),
+                    ));
                 }
             }
         }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
+use streamgate_tests::resp::{Connection, Reply};
 use streamgate_tests::{path_segment, wire, Server, ROOT_TOKEN};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const BASIN_A: &str = "access-basin-a";
 const BASIN_B: &str = "access-basin-b";
@@ -80,17 +80,6 @@ enum Op {
     Append,
     Read,
     CheckTail,
-}
-
-/// One line of a RESP reply.
-async fn read_line(socket: &mut tokio::net::TcpStream) -> String {
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    while !line.ends_with(b"\r\n") {
-        socket.read_exact(&mut byte).await.unwrap();
-        line.push(byte[0]);
-    }
-    String::from_utf8(line).unwrap()
 }
 
 async fn list_tokens(endpoint: &str, token: &str) -> Value {
@@ -181,32 +170,19 @@ impl FrontEnds {
     /// A Redis command after `AUTH <basin> <token>`: `WRONGPASS` is unauthenticated,
     /// `NOPERM` denied, any other reply (not an error) allowed.
     async fn resp(&self, token: &str, basin: &str, command: &[&str]) -> Outcome {
-        let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", self.resp_port))
-            .await
-            .unwrap();
-        let encode = |args: &[&str]| {
-            let mut out = format!("*{}\r\n", args.len());
-            for arg in args {
-                out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        let mut connection = Connection::open(self.resp_port, None).await.unwrap();
+        match connection.call(&["AUTH", basin, token]).await.unwrap() {
+            Reply::Error(error) if error.starts_with("WRONGPASS") => {
+                return Outcome::Unauthenticated
             }
-            out
-        };
-        socket
-            .write_all(encode(&["AUTH", basin, token]).as_bytes())
-            .await
-            .unwrap();
-        let auth = read_line(&mut socket).await;
-        if auth.starts_with("-WRONGPASS") {
-            return Outcome::Unauthenticated;
+            Reply::Simple(ok) if ok == "OK" => {}
+            other => panic!("AUTH answered {other:?}"),
         }
-        assert_eq!(auth, "+OK\r\n");
-        socket.write_all(encode(command).as_bytes()).await.unwrap();
-        let first = read_line(&mut socket).await;
-        if first.starts_with("-NOPERM") {
-            return Outcome::Denied;
+        match connection.call(command).await.unwrap() {
+            Reply::Error(error) if error.starts_with("NOPERM") => Outcome::Denied,
+            Reply::Error(error) => panic!("{command:?}: {error}"),
+            _ => Outcome::Allowed,
         }
-        assert!(!first.starts_with('-'), "{command:?}: {first}");
-        Outcome::Allowed
     }
 
     async fn otlp_append(&self, token: &str, basin: &str, stream: &str) -> Outcome {
@@ -762,23 +738,14 @@ async fn revocation_reaches_open_sessions_and_connections() {
         "the append session acknowledges before revocation"
     );
 
-    let mut resp = tokio::net::TcpStream::connect(("127.0.0.1", server.resp_port))
-        .await
-        .unwrap();
-    let xadd = "*5\r\n$4\r\nXADD\r\n$4\r\nlive\r\n$1\r\n*\r\n$1\r\nf\r\n$1\r\nv\r\n";
-    let auth = format!(
-        "*3\r\n$4\r\nAUTH\r\n${}\r\n{BASIN_A}\r\n${}\r\n{token}\r\n",
-        BASIN_A.len(),
-        token.len()
-    );
-    resp.write_all(auth.as_bytes()).await.unwrap();
-    assert_eq!(read_line(&mut resp).await, "+OK\r\n");
-    resp.write_all(xadd.as_bytes()).await.unwrap();
+    let mut resp = Connection::open(server.resp_port, None).await.unwrap();
+    let xadd = ["XADD", "live", "*", "f", "v"];
+    let auth = ["AUTH", BASIN_A, token.as_str()];
+    assert_eq!(resp.call(&auth).await.unwrap(), Reply::Simple("OK".into()));
     assert!(
-        read_line(&mut resp).await.starts_with('$'),
+        matches!(resp.call(&xadd).await.unwrap(), Reply::Bulk(Some(_))),
         "XADD works before revocation"
     );
-    read_line(&mut resp).await;
 
     let revoked = bearer(
         anonymous().delete(format!("{endpoint}/v1/access-tokens/live")),
@@ -790,15 +757,16 @@ async fn revocation_reaches_open_sessions_and_connections() {
     assert_eq!(revoked.status(), 204);
 
     // The RESP connection is no longer authenticated, and stays open for a new AUTH.
-    resp.write_all(xadd.as_bytes()).await.unwrap();
-    let refused = read_line(&mut resp).await;
+    let refused = resp.call(&xadd).await.unwrap();
     assert!(
-        refused.starts_with("-NOAUTH") && refused.contains("revoked"),
-        "{refused}"
+        matches!(&refused, Reply::Error(e) if e.starts_with("NOAUTH") && e.contains("revoked")),
+        "{refused:?}"
     );
-    resp.write_all(auth.as_bytes()).await.unwrap();
-    let again = read_line(&mut resp).await;
-    assert!(again.starts_with("-WRONGPASS"), "{again}");
+    let again = resp.call(&auth).await.unwrap();
+    assert!(
+        matches!(&again, Reply::Error(e) if e.starts_with("WRONGPASS")),
+        "{again:?}"
+    );
 
     // The append session's next input is refused: a terminal `401 authn` frame.
     inputs.send(input(b"via-session-2")).await.unwrap();
@@ -831,39 +799,38 @@ async fn redis_connections_must_authenticate_within_30_seconds() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     streamgate_tests::create_streams(&server.endpoint, BASIN_A, &[]).await;
-    let connect = || tokio::net::TcpStream::connect(("127.0.0.1", server.resp_port));
-    let mut idle = connect().await.unwrap();
-    let mut authenticated = connect().await.unwrap();
-    let auth = format!(
-        "*3\r\n$4\r\nAUTH\r\n${}\r\n{BASIN_A}\r\n${}\r\n{ROOT_TOKEN}\r\n",
-        BASIN_A.len(),
-        ROOT_TOKEN.len()
-    );
-    authenticated.write_all(auth.as_bytes()).await.unwrap();
-    assert_eq!(read_line(&mut authenticated).await, "+OK\r\n");
-    let ping = b"*1\r\n$4\r\nPING\r\n";
+    let mut idle = Connection::open(server.resp_port, None).await.unwrap();
+    let mut authenticated = Connection::open(server.resp_port, Some(BASIN_A))
+        .await
+        .unwrap();
+    let ping = ["PING"];
 
     // Well inside its 30 s (and past any shorter limit a bug might set), the
     // unauthenticated connection is still open and answered.
     tokio::time::sleep(Duration::from_secs(20)).await;
-    idle.write_all(ping).await.unwrap();
     assert_eq!(
-        read_line(&mut idle).await,
-        "-NOAUTH Authentication required.\r\n"
+        idle.call(&ping).await.unwrap(),
+        Reply::Error("NOAUTH Authentication required.".into())
     );
 
     // Then the server gives up on it (the bound only keeps a broken build from hanging).
-    let line = tokio::time::timeout(Duration::from_secs(40), read_line(&mut idle))
+    let reply = tokio::time::timeout(Duration::from_secs(40), idle.reply())
         .await
-        .expect("the server gives up on the connection");
+        .expect("the server gives up on the connection")
+        .unwrap();
     assert!(
-        line.starts_with("-ERR not authenticated within 30 seconds"),
-        "{line}"
+        matches!(&reply, Reply::Error(e) if e.starts_with("ERR not authenticated within 30 seconds")),
+        "{reply:?}"
     );
-    let mut rest = [0u8; 1];
-    assert_eq!(idle.read(&mut rest).await.unwrap(), 0, "and closes it");
+    let closed = idle.reply().await.map(|r| format!("{r:?}"));
+    assert!(
+        matches!(&closed, Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof),
+        "and closes it: {closed:?}"
+    );
 
     // The connection that authenticated at once is served as before.
-    authenticated.write_all(ping).await.unwrap();
-    assert_eq!(read_line(&mut authenticated).await, "+PONG\r\n");
+    assert_eq!(
+        authenticated.call(&ping).await.unwrap(),
+        Reply::Simple("PONG".into())
+    );
 }

@@ -8,6 +8,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use streamgate_tests::resp::command;
 use streamgate_tests::{wire, Server};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -46,7 +47,7 @@ async fn still_serving(server: &Server) {
     assert!(records.iter().any(|r| r["body"] == "still-here"));
 
     let mut resp = resp_authenticating(server).await;
-    resp.write_all(&command(&[b"XADD", b"s", b"*", b"f", b"v"]))
+    resp.write_all(&command(&["XADD", "s", "*", "f", "v"]))
         .await
         .unwrap();
     let reply = read_until(&mut resp, |text| text.matches("\r\n").count() >= 3).await;
@@ -74,24 +75,9 @@ async fn resp_authenticating(server: &Server) -> TcpStream {
     let mut resp = TcpStream::connect(("127.0.0.1", server.resp_port))
         .await
         .expect("the RESP front end accepts connections");
-    let auth = command(&[
-        b"AUTH",
-        BASIN.as_bytes(),
-        streamgate_tests::ROOT_TOKEN.as_bytes(),
-    ]);
+    let auth = command(&["AUTH", BASIN, streamgate_tests::ROOT_TOKEN]);
     resp.write_all(&auth).await.unwrap();
     resp
-}
-
-/// A RESP request: an array of bulk strings.
-fn command(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
 }
 
 /// Reads from `socket` until `done` holds for what arrived or the peer closes; what
@@ -677,7 +663,7 @@ async fn a_flood_of_bad_tokens_is_throttled_and_good_tokens_still_work() {
     let mut resp = TcpStream::connect(("127.0.0.1", server.resp_port))
         .await
         .unwrap();
-    resp.write_all(&command(&[b"AUTH", BASIN.as_bytes(), b"also-a-bad-token"]))
+    resp.write_all(&command(&["AUTH", BASIN, "also-a-bad-token"]))
         .await
         .unwrap();
     let reply = read_until(&mut resp, |text| text.ends_with("\r\n")).await;
@@ -736,7 +722,7 @@ async fn a_panic_ends_only_the_request_or_connection_it_happened_in() {
         read_until(&mut resp, |text| text.ends_with("\r\n")).await,
         "+OK\r\n"
     );
-    resp.write_all(&command(&[b"XADD", b"s", b"*", b"f", b"boom"]))
+    resp.write_all(&command(&["XADD", "s", "*", "f", "boom"]))
         .await
         .unwrap();
     let reply = read_until(&mut resp, |_| false).await;

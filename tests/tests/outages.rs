@@ -21,6 +21,7 @@ use streamgate_tests::history::{read_all, verify, History};
 use streamgate_tests::proxy::{
     server_with_metadata_behind_proxy, server_with_objects_behind_proxy, Mode, Proxy,
 };
+use streamgate_tests::resp::{Connection, Reply};
 use streamgate_tests::Server;
 use tokio::sync::watch;
 
@@ -154,70 +155,45 @@ async fn rest_writer(
     }
 }
 
-/// One authenticated RESP connection that sends unpipelined `XADD`s of one entry
-/// (field `b`).
-struct RespClient {
-    reader: tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
-    writer: tokio::net::tcp::OwnedWriteHalf,
+/// An authenticated RESP connection (the root token, the test basin).
+async fn resp_connect(port: u16) -> Connection {
+    Connection::open(port, Some(BASIN))
+        .await
+        .expect("AUTH succeeds on a RESP connection")
 }
 
-fn resp_command(args: &[&str]) -> String {
-    let mut out = format!("*{}\r\n", args.len());
-    for arg in args {
-        out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-    }
-    out
-}
-
-impl RespClient {
-    async fn connect(port: u16) -> RespClient {
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-        let socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .unwrap();
-        let (reader, writer) = socket.into_split();
-        let mut client = RespClient {
-            reader: tokio::io::BufReader::new(reader),
-            writer,
-        };
-        let auth = resp_command(&["AUTH", BASIN, streamgate_tests::ROOT_TOKEN]);
-        client.writer.write_all(auth.as_bytes()).await.unwrap();
-        let mut line = String::new();
-        client.reader.read_line(&mut line).await.unwrap();
-        assert_eq!(line, "+OK\r\n");
-        client
-    }
-
-    /// `XADD s{stream} * b {batch}/0`, logged.
-    async fn xadd(&mut self, stream: usize, batch: String, log: &SharedLog) -> Outcome {
-        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-        log.lock().unwrap().history.sent.insert(batch.clone(), 1);
-        let sent_at = Instant::now();
-        let command = resp_command(&[
+/// One unpipelined `XADD s{stream} * b {batch}/0` on `connection`, logged.
+async fn resp_xadd(
+    connection: &mut Connection,
+    stream: usize,
+    batch: String,
+    log: &SharedLog,
+) -> Outcome {
+    log.lock().unwrap().history.sent.insert(batch.clone(), 1);
+    let sent_at = Instant::now();
+    let reply = connection
+        .call(&[
             "XADD",
             &format!("s{stream}"),
             "*",
             "b",
             &format!("{batch}/0"),
-        ]);
-        self.writer.write_all(command.as_bytes()).await.unwrap();
-        let mut line = String::new();
-        self.reader.read_line(&mut line).await.unwrap();
-        let (outcome, seq) = if let Some(len) = line.trim_end().strip_prefix('$') {
-            let mut id = vec![0u8; len.parse::<usize>().unwrap() + 2];
-            self.reader.read_exact(&mut id).await.unwrap();
+        ])
+        .await
+        .unwrap();
+    let (outcome, seq) = match reply {
+        Reply::Bulk(Some(id)) => {
             let id = String::from_utf8(id).unwrap();
-            let seq = id.trim_end().rsplit('-').next().unwrap().parse().unwrap();
+            let seq = id.rsplit('-').next().unwrap().parse().unwrap();
             (Outcome::Acked, Some(seq))
-        } else {
-            assert!(line.starts_with("-TRYAGAIN"), "XADD answered {line:?}");
-            (Outcome::Refused, None)
-        };
-        log.lock()
-            .unwrap()
-            .record(batch, stream, sent_at, outcome.clone(), seq);
-        outcome
-    }
+        }
+        Reply::Error(error) if error.starts_with("TRYAGAIN") => (Outcome::Refused, None),
+        other => panic!("XADD answered {other:?}"),
+    };
+    log.lock()
+        .unwrap()
+        .record(batch, stream, sent_at, outcome.clone(), seq);
+    outcome
 }
 
 /// Unpipelined `XADD`s to stream `s{stream}` over one RESP connection until `stop`.
@@ -228,11 +204,12 @@ async fn resp_writer(
     log: SharedLog,
     stop: watch::Receiver<bool>,
 ) {
-    let mut client = RespClient::connect(port).await;
+    let mut connection = resp_connect(port).await;
     let mut n = 0;
     while !*stop.borrow() {
         n += 1;
-        if client.xadd(stream, format!("r{id}n{n}"), &log).await == Outcome::Refused {
+        if resp_xadd(&mut connection, stream, format!("r{id}n{n}"), &log).await == Outcome::Refused
+        {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -430,8 +407,8 @@ async fn an_object_store_outage_is_weathered_without_a_restart() {
             &log,
         )
         .await;
-        let mut resp = RespClient::connect(server.resp_port).await;
-        let xadd = resp.xadd(1, format!("probe-resp-{phase:?}"), &log).await;
+        let mut resp = resp_connect(server.resp_port).await;
+        let xadd = resp_xadd(&mut resp, 1, format!("probe-resp-{phase:?}"), &log).await;
         probe_outcomes.push((phase, rest, xadd));
     })
     .await;

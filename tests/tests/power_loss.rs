@@ -28,12 +28,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use rand::Rng;
 use serde_json::{json, Value};
 use streamgate_tests::history::{check, read_all, History, Violation};
 use streamgate_tests::power_loss_fs::{Mutation, PowerLossFs};
-use streamgate_tests::{wire, Server};
+use streamgate_tests::s2s::{AppendSession, SessionEnd};
+use streamgate_tests::Server;
 
 const BASIN: &str = "power-loss";
 const STREAMS: usize = 3;
@@ -135,30 +135,14 @@ async fn rest_writer(endpoint: String, id: usize, cycle: usize, log: Arc<Log>) {
 /// One S2S append session on `stream` over HTTP/2, keeping `SESSION_IN_FLIGHT` inputs of
 /// 1..=10 records in flight, until the server dies.
 async fn session_writer(endpoint: String, id: usize, stream: usize, cycle: usize, log: Arc<Log>) {
-    let (inputs, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(64);
-    let body = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    let h2 = streamgate_tests::client_builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
-    let response = h2
-        .post(format!("{endpoint}/v1/streams/s{stream}/records"))
-        .header("s2-basin", BASIN)
-        .header("content-type", "s2s/proto")
-        .body(reqwest::Body::wrap_stream(body))
-        .send()
-        .await;
-    let Ok(response) = response else { return };
-    assert!(
-        response.status().is_success(),
-        "an append session opens: {}",
-        response.status()
-    );
-    let mut frames = response.bytes_stream();
+    let mut session = match AppendSession::open(&endpoint, BASIN, &format!("s{stream}")).await {
+        Ok(session) => session,
+        Err(SessionEnd::Refused(status, body)) => {
+            panic!("an append session opens: {status} {body}")
+        }
+        Err(_) => return, // the server died before the session started
+    };
     let mut in_flight = std::collections::VecDeque::new();
-    let mut buffer = Vec::new();
     let mut next = 0;
     loop {
         while in_flight.len() < SESSION_IN_FLIGHT {
@@ -168,24 +152,23 @@ async fn session_writer(endpoint: String, id: usize, stream: usize, cycle: usize
             let bodies = bodies(&batch, size);
             let refs: Vec<&[u8]> = bodies.iter().map(|b| b.as_bytes()).collect();
             log.sent(&batch, size);
-            let frame = wire::s2s_frame(&wire::encode_append_input(&refs));
-            if inputs.send(Ok(frame)).await.is_err() {
+            if session.send(&refs).await.is_err() {
                 return;
             }
             in_flight.push_back((batch, size));
         }
-        match tokio::time::timeout(Duration::from_secs(10), frames.next()).await {
-            Ok(Some(Ok(chunk))) => buffer.extend_from_slice(&chunk),
+        let (start, end) = match tokio::time::timeout(Duration::from_secs(10), session.ack()).await
+        {
+            Ok(Ok(range)) => range,
+            Ok(Err(SessionEnd::Terminal(error))) => {
+                panic!("no terminal frame while the server is up: {error}")
+            }
             _ => return, // the server died: the unacknowledged inputs' fate is unknown
-        }
-        while let Some((flags, ack)) = wire::take_s2s_frame(&mut buffer) {
-            assert_eq!(flags & 0x80, 0, "no terminal frame while the server is up");
-            let (start, end) = wire::decode_ack_range(&ack);
-            let (batch, size) = in_flight
-                .pop_front()
-                .expect("an ack for an input in flight");
-            log.acked(batch, stream, start, end, size);
-        }
+        };
+        let (batch, size) = in_flight
+            .pop_front()
+            .expect("an ack for an input in flight");
+        log.acked(batch, stream, start, end, size);
     }
 }
 

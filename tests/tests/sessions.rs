@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use reqwest::Client;
 use serde_json::{json, Value};
+use streamgate_tests::resp::{self, Reply};
 use streamgate_tests::{wire, Server};
 
 const BASIN: &str = "session-test";
@@ -459,62 +460,37 @@ async fn sessions_on_a_missing_stream_fail_before_they_start() {
 /// pipelines' entries would interleave, and cross millisecond boundaries.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_xadds_that_arrive_together_are_one_append() {
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
     const PIPELINE: usize = 100;
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     setup(&server.endpoint, "piped").await;
-    let command = |args: &[&str]| {
-        let mut out = format!("*{}\r\n", args.len());
-        for arg in args {
-            out.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-        }
-        out
-    };
     for round in 0..10 {
         let together = Arc::new(tokio::sync::Barrier::new(2));
         let pipelines: Vec<_> = (0..2)
             .map(|connection| {
                 let (together, port) = (together.clone(), server.resp_port);
-                // One write of a few KiB, which the server reads at once.
-                let pipeline: String = (0..PIPELINE)
+                // Sent in one write of a few KiB, which the server reads at once.
+                let pipeline: Vec<Vec<String>> = (0..PIPELINE)
                     .map(|i| {
-                        command(&[
-                            "XADD",
-                            "piped",
-                            "*",
-                            "b",
-                            &format!("{round}-{connection}-{i}"),
-                        ])
+                        let body = format!("{round}-{connection}-{i}");
+                        ["XADD", "piped", "*", "b", body.as_str()]
+                            .map(String::from)
+                            .to_vec()
                     })
                     .collect();
-                let auth = command(&["AUTH", BASIN, streamgate_tests::ROOT_TOKEN]);
                 tokio::spawn(async move {
-                    let socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    let mut connection = resp::Connection::open(port, Some(BASIN))
                         .await
-                        .unwrap();
-                    let (reader, mut writer) = socket.into_split();
-                    let mut reader = tokio::io::BufReader::new(reader);
-                    let mut line = String::new();
-                    writer.write_all(auth.as_bytes()).await.unwrap();
-                    reader.read_line(&mut line).await.unwrap();
-                    assert_eq!(line, "+OK\r\n");
+                        .expect("AUTH succeeds");
                     together.wait().await;
-                    writer.write_all(pipeline.as_bytes()).await.unwrap();
+                    connection.send_pipelined(&pipeline).await.unwrap();
                     let mut ids = Vec::new();
                     for _ in 0..PIPELINE {
-                        line.clear();
-                        reader.read_line(&mut line).await.unwrap();
-                        let len: usize = line
-                            .trim_end()
-                            .strip_prefix('$')
-                            .unwrap_or_else(|| panic!("XADD answered {line:?}"))
-                            .parse()
-                            .unwrap();
-                        let mut id = vec![0u8; len + 2];
-                        reader.read_exact(&mut id).await.unwrap();
-                        let id = String::from_utf8(id).unwrap();
-                        let (timestamp, seq) = id.trim_end().split_once('-').unwrap();
+                        let id = match connection.reply().await.unwrap() {
+                            Reply::Bulk(Some(id)) => String::from_utf8(id).unwrap(),
+                            other => panic!("XADD answered {other:?}"),
+                        };
+                        let (timestamp, seq) = id.split_once('-').unwrap();
                         ids.push((
                             timestamp.parse::<u64>().unwrap(),
                             seq.parse::<u64>().unwrap(),
