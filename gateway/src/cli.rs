@@ -72,9 +72,9 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_FLUSH_IN_FLIGHT")]
     pub flush_in_flight: Option<usize>,
 
-    /// Memory for appends accepted but not yet durable (MiB); past it, appends wait and
-    /// append sessions stop reading, so clients feel backpressure instead of the server
-    /// buffering without bound.
+    /// Memory for appends accepted but not yet durable (MiB, at least 2: smaller values
+    /// count as 2); past it, appends wait and append sessions stop reading, so clients
+    /// feel backpressure instead of the server buffering without bound.
     #[arg(long, env = "STREAMGATE_MAX_INFLIGHT_MIB", default_value_t = 256)]
     pub max_inflight_mib: usize,
 
