@@ -122,7 +122,9 @@ impl Appender {
                 // (the tail would go backwards), so, like an acknowledgement, it waits
                 // until everything sequenced before it is durable.
                 let sequenced = sequencer.next_seq;
-                drop((sequencer, slot));
+                // Nothing of this append is on its way: it holds no lock, queue slot or
+                // share of the in-flight budget while it waits.
+                drop((sequencer, slot, budget));
                 return match tokio::time::timeout(
                     MAX_BUDGET_WAIT,
                     stream.durable_through(sequenced),
