@@ -690,6 +690,14 @@ impl Mount {
     }
 }
 
+/// Answers a request whose reply carries nothing but success or an error.
+fn answer(reply: ReplyEmpty, result: Result<(), Errno>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
 impl fuser::Filesystem for Mount {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.with(|s| {
@@ -796,17 +804,11 @@ impl fuser::Filesystem for Mount {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.with(|s| s.unlink(parent.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, self.with(|s| s.unlink(parent.0, name)))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.with(|s| s.rmdir(parent.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, self.with(|s| s.rmdir(parent.0, name)))
     }
 
     fn rename(
@@ -819,10 +821,10 @@ impl fuser::Filesystem for Mount {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self.with(|s| s.rename(parent.0, name, newparent.0, newname, flags)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(
+            reply,
+            self.with(|s| s.rename(parent.0, name, newparent.0, newname, flags)),
+        )
     }
 
     fn link(
@@ -904,13 +906,13 @@ impl fuser::Filesystem for Mount {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.with(|s| {
-            s.fsync_requests += 1;
-            s.sync(ino.0)
-        }) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(
+            reply,
+            self.with(|s| {
+                s.fsync_requests += 1;
+                s.sync(ino.0)
+            }),
+        )
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -983,13 +985,13 @@ impl fuser::Filesystem for Mount {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.with(|s| {
-            s.fsyncdir_requests += 1;
-            s.sync(ino.0)
-        }) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(
+            reply,
+            self.with(|s| {
+                s.fsyncdir_requests += 1;
+                s.sync(ino.0)
+            }),
+        )
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -156,6 +156,16 @@ fn headers_for(content_type: &str) -> Vec<(String, String)> {
     ]
 }
 
+/// `google.rpc.Status` as OTLP error bodies carry it, written from the spec's field
+/// numbers rather than taken from the server.
+#[derive(Clone, PartialEq, Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
 #[tokio::test]
 async fn protobuf_exports_land_one_record_per_group_in_their_streams() {
     let (_dir, _server, otlp) = start();
@@ -330,13 +340,6 @@ async fn bad_requests_get_the_documented_failures() {
         .await;
     assert_eq!(status, 400);
     assert_eq!(headers["content-type"], PROTOBUF);
-    #[derive(Clone, PartialEq, Message)]
-    struct RpcStatus {
-        #[prost(int32, tag = "1")]
-        code: i32,
-        #[prost(string, tag = "2")]
-        message: String,
-    }
     let rpc = RpcStatus::decode(&body[..]).unwrap();
     assert_eq!(rpc.code, 3);
     assert!(rpc.message.contains("protobuf"), "{}", rpc.message);
@@ -444,13 +447,6 @@ async fn exports_get_503_with_retry_after_while_the_in_flight_budget_is_spent() 
         headers.contains_key("retry-after"),
         "a 503 says when to retry: {headers:?}"
     );
-    #[derive(Clone, PartialEq, Message)]
-    struct RpcStatus {
-        #[prost(int32, tag = "1")]
-        code: i32,
-        #[prost(string, tag = "2")]
-        message: String,
-    }
     let rpc = RpcStatus::decode(&body[..]).unwrap();
     assert_eq!(rpc.code, 14, "UNAVAILABLE: {}", rpc.message);
     assert!(
