@@ -19,3 +19,71 @@ pub fn sdk_client_with_token(server: &Server, token: &str) -> s2_sdk::S2 {
         .with_request_timeout(std::time::Duration::from_secs(30));
     s2_sdk::S2::new(config).expect("an SDK client")
 }
+
+/// The services the benchmark programs need, found or started.
+pub mod services {
+    use std::process::{Child, Command, Stdio};
+    use std::time::Duration;
+
+    /// The S3 endpoint to use (`STREAMGATE_TEST_S3_ENDPOINT`, or a moto server started
+    /// from `.venv-compat`, which scripts/test.sh creates), and the moto process started
+    /// for it, if any; why not, if neither is there.
+    pub fn s3_endpoint() -> Result<(String, Option<KillOnDrop>), String> {
+        if let Ok(endpoint) = std::env::var("STREAMGATE_TEST_S3_ENDPOINT") {
+            return Ok((endpoint, None));
+        }
+        let moto = std::path::Path::new(".venv-compat/bin/moto_server");
+        if !moto.exists() {
+            return Err("no S3 server: set STREAMGATE_TEST_S3_ENDPOINT or create .venv-compat (scripts/test.sh)".into());
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let child = Command::new(moto)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting moto: {e}"))?;
+        let endpoint = format!("http://127.0.0.1:{port}");
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                std::env::set_var("AWS_ACCESS_KEY_ID", "test");
+                std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
+                std::env::set_var("AWS_REGION", "us-east-1");
+                std::env::set_var("STREAMGATE_TEST_S3_ENDPOINT", &endpoint);
+                return Ok((endpoint, Some(KillOnDrop(child))));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err("moto did not start".into())
+    }
+
+    /// Whether PostgreSQL answers at `server` (a `postgres://…` server URL).
+    pub fn postgres_answers(server: &str) -> bool {
+        Command::new("psql")
+            .arg(format!("{server}/postgres"))
+            .args(["-qAtc", "select 1"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+
+    /// A child process killed when this is dropped.
+    pub struct KillOnDrop(Child);
+
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// The `p` quantile (0 to 1) of sorted latencies.
+pub fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
+    if sorted.is_empty() {
+        return std::time::Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}

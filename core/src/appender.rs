@@ -12,8 +12,9 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
+use crate::membership::Membership;
 use crate::record::{AppendAck, AppendInput, ValidBatch};
-use crate::stream::StreamState;
+use crate::stream::{SequencedBatch, StreamState};
 use crate::wal::writer::{PendingAppend, WalHealth};
 
 /// The longest an append waits for room in the in-flight budget before it is refused
@@ -33,10 +34,20 @@ pub(crate) struct Appender {
     /// The in-flight byte budget, in KiB permits.
     inflight: Arc<Semaphore>,
     max_inflight_bytes: usize,
+    membership: Arc<Membership>,
 }
 
 /// The acknowledgement of a submitted append: resolves once the batch is durable.
 pub struct PendingAck(oneshot::Receiver<Result<AppendAck>>);
+
+impl PendingAck {
+    /// An acknowledgement already decided (an append made at another node).
+    pub(crate) fn ready(outcome: Result<AppendAck>) -> PendingAck {
+        let (done, ack) = oneshot::channel();
+        let _ = done.send(outcome);
+        PendingAck(ack)
+    }
+}
 
 impl std::future::Future for PendingAck {
     type Output = Result<AppendAck>;
@@ -58,6 +69,7 @@ impl Appender {
         wal_task: JoinHandle<()>,
         wal_health: WalHealth,
         max_inflight_bytes: usize,
+        membership: Arc<Membership>,
     ) -> Self {
         Self {
             wal: RwLock::new(Some(appends)),
@@ -66,6 +78,7 @@ impl Appender {
             draining: AtomicBool::new(false),
             inflight: Arc::new(Semaphore::new((max_inflight_bytes / 1024).max(1))),
             max_inflight_bytes,
+            membership,
         }
     }
 
@@ -79,25 +92,7 @@ impl Appender {
         valid: ValidBatch,
         now_ms: u64,
     ) -> Result<PendingAck> {
-        // Waiting for budget changes nothing, so a request dropped here leaves no trace.
-        // A budget that stays spent this long means the store is not keeping up (or is
-        // away): the client is told to retry rather than left waiting without end.
-        let budget = tokio::time::timeout(
-            MAX_BUDGET_WAIT,
-            self.inflight
-                .clone()
-                .acquire_many_owned(self.budget_kib(valid.metered)),
-        )
-        .await
-        .map_err(|_| {
-            Error::Unavailable(format!(
-                "the server's {} MiB of memory for appends on their way to durability \
-                 stayed full for {} s; retry shortly",
-                self.max_inflight_bytes / (1024 * 1024),
-                MAX_BUDGET_WAIT.as_secs()
-            ))
-        })?
-        .map_err(|_| Error::ServerDraining)?;
+        let budget = self.budget(valid.metered).await?;
         // The store may have started failing while this append waited.
         self.check_accepting()?;
         let (done, ack) = oneshot::channel();
@@ -149,6 +144,48 @@ impl Appender {
         Ok(PendingAck(ack))
     }
 
+    /// Takes a batch's share of the in-flight budget. Waiting for it changes nothing,
+    /// so a request dropped here leaves no trace. A budget that stays spent this long
+    /// means the store is not keeping up (or is away): the client is told to retry
+    /// rather than left waiting without end.
+    async fn budget(&self, metered: u64) -> Result<tokio::sync::OwnedSemaphorePermit> {
+        tokio::time::timeout(
+            MAX_BUDGET_WAIT,
+            self.inflight
+                .clone()
+                .acquire_many_owned(self.budget_kib(metered)),
+        )
+        .await
+        .map_err(|_| {
+            Error::Unavailable(format!(
+                "the server's {} MiB of memory for appends on their way to durability \
+                 stayed full for {} s; retry shortly",
+                self.max_inflight_bytes / (1024 * 1024),
+                MAX_BUDGET_WAIT.as_secs()
+            ))
+        })?
+        .map_err(|_| Error::ServerDraining)
+    }
+
+    /// Writes again into this node's log a batch another node's log holds, for a stream
+    /// this node is taking over (not serving yet, so nothing else sequences it): its
+    /// acknowledgement says it is durable here.
+    pub async fn relog(&self, batch: SequencedBatch) -> Result<PendingAck> {
+        let metered = batch.records.iter().map(|r| r.body.len() as u64 + 8).sum();
+        let budget = self.budget(metered).await?;
+        self.check_accepting()?;
+        let wal = self.wal.read().clone().ok_or(Error::ServerDraining)?;
+        let (done, ack) = oneshot::channel();
+        wal.send(PendingAppend {
+            batch,
+            done,
+            _budget: budget,
+        })
+        .await
+        .map_err(|_| Error::Unavailable("the write-ahead log writer stopped".into()))?;
+        Ok(PendingAck(ack))
+    }
+
     /// The share of the in-flight byte budget a batch of `metered` bytes takes, in KiB.
     fn budget_kib(&self, metered: u64) -> u32 {
         let total = self.max_inflight_bytes / 1024;
@@ -163,6 +200,7 @@ impl Appender {
 
     /// Refuses appends, before they are sequenced, while the log cannot take them.
     pub fn check_accepting(&self) -> Result<()> {
+        self.membership.check()?;
         if let Some(reason) = self.wal_health.borrow().refusal() {
             return Err(Error::Unavailable(reason));
         }
@@ -186,6 +224,9 @@ impl Appender {
         }
         if self.wal_writer_stopped() {
             return Some("the write-ahead log writer stopped; see the server log".into());
+        }
+        if let Err(err) = self.membership.check() {
+            return Some(err.to_string());
         }
         self.wal_health.borrow().unready_reason()
     }

@@ -14,6 +14,7 @@ use crate::error::{Error, Resource, Result};
 use crate::names::{BasinName, StreamName};
 use crate::read::{ReadBatch, ReadLimits, ReadRequest, ReadStart, StreamReader};
 use crate::record::{AppendAck, AppendInput, Command, StreamPosition};
+use crate::remote::{RemoteStream, RemoteStreams};
 use crate::storage::metadata::{BasinRecord, ListPage, ListRange, StreamRecord};
 
 #[derive(Clone)]
@@ -23,6 +24,9 @@ pub struct Caller {
     /// The digest of the token's secret, to check it is still valid; `None` for the
     /// server's own root access.
     digest: Option<[u8; 32]>,
+    /// The token itself, for calls this node makes on the caller's behalf at the node
+    /// that sequences a stream (see `remote`); `None` for root access.
+    bearer: Option<Arc<str>>,
 }
 
 impl Caller {
@@ -39,6 +43,7 @@ impl Caller {
             engine: engine.clone(),
             principal,
             digest: Some(digest),
+            bearer: Some(bearer.into()),
         })
     }
 
@@ -48,6 +53,7 @@ impl Caller {
             engine: engine.clone(),
             principal: Arc::new(Principal::root()),
             digest: None,
+            bearer: None,
         }
     }
 
@@ -337,10 +343,48 @@ impl Caller {
             };
             self.principal.check(op, Target::Stream(basin, &stored))?;
         }
-        self.engine
+        // A copy is kept only for a stream another node may sequence.
+        let copy = match self.engine.serves(basin, &stored) {
+            true => None,
+            false => Some(input.clone()),
+        };
+        match self
+            .engine
             .submit_append(basin, &stored, input, create_config)
             .await
-            .map_err(|e| self.error(e))
+        {
+            Err(Error::OwnedElsewhere { advertise_url }) if copy.is_some() => {
+                let (remote, at) = self.remote_at(advertise_url, basin, name)?;
+                let input = copy.expect("kept for this");
+                // Made whole before the next append is submitted, so appends of one
+                // pipeline land in the order they were submitted.
+                Ok(PendingAck::ready(remote.append(&at, input).await))
+            }
+            outcome => outcome.map_err(|e| self.error(e)),
+        }
+    }
+
+    /// Where a call on `name` goes when the node at `advertise_url` sequences it: that
+    /// node, with this caller's own token. Without a way to reach it (root access, or a
+    /// front end without peers), the `OwnedElsewhere` error stands.
+    fn remote_at(
+        &self,
+        advertise_url: String,
+        basin: &BasinName,
+        name: &StreamName,
+    ) -> Result<(Arc<dyn RemoteStreams>, RemoteStream)> {
+        match (self.engine.remote(), &self.bearer) {
+            (Some(remote), Some(bearer)) => Ok((
+                remote,
+                RemoteStream {
+                    node_url: advertise_url,
+                    bearer: bearer.to_string(),
+                    basin: basin.clone(),
+                    stream: name.clone(),
+                },
+            )),
+            _ => Err(Error::OwnedElsewhere { advertise_url }),
+        }
     }
 
     /// Appends a batch atomically; returns only once it is durable.
@@ -364,10 +408,13 @@ impl Caller {
     ) -> Result<StreamPosition> {
         self.still_valid().await?;
         let stored = self.stream(Operation::CheckTail, basin, name)?;
-        self.engine
-            .check_tail(basin, &stored, create_config)
-            .await
-            .map_err(|e| self.error(e))
+        match self.engine.check_tail(basin, &stored, create_config).await {
+            Err(Error::OwnedElsewhere { advertise_url }) => {
+                let (remote, at) = self.remote_at(advertise_url, basin, name)?;
+                remote.check_tail(&at).await
+            }
+            outcome => outcome.map_err(|e| self.error(e)),
+        }
     }
 
     pub async fn open_reader(
@@ -380,10 +427,17 @@ impl Caller {
     ) -> Result<StreamReader> {
         self.still_valid().await?;
         let stored = self.stream(Operation::Read, basin, name)?;
-        self.engine
+        match self
+            .engine
             .open_reader(basin, &stored, start, clamp, create_config)
             .await
-            .map_err(|e| self.error(e))
+        {
+            Err(Error::OwnedElsewhere { advertise_url }) => {
+                let (remote, at) = self.remote_at(advertise_url, basin, name)?;
+                StreamReader::open_remote(remote, at, start, clamp).await
+            }
+            outcome => outcome.map_err(|e| self.error(e)),
+        }
     }
 
     pub async fn read(
@@ -395,10 +449,17 @@ impl Caller {
     ) -> Result<ReadBatch> {
         self.still_valid().await?;
         let stored = self.stream(Operation::Read, basin, name)?;
-        self.engine
+        match self
+            .engine
             .read(basin, &stored, request, create_config)
             .await
-            .map_err(|e| self.error(e))
+        {
+            Err(Error::OwnedElsewhere { advertise_url }) => {
+                let (remote, at) = self.remote_at(advertise_url, basin, name)?;
+                remote.read(&at, request).await
+            }
+            outcome => outcome.map_err(|e| self.error(e)),
+        }
     }
 
     /// The next batch of a reader this caller opened (see `StreamReader::next_batch`).
@@ -409,6 +470,29 @@ impl Caller {
     ) -> Result<(ReadBatch, bool)> {
         self.still_valid().await?;
         reader.next_batch(limits).await
+    }
+
+    /// Where a request doing `op` on a stream should be served (see `Engine::route`),
+    /// with the same scope check as `op` itself.
+    pub async fn route_stream(
+        &self,
+        op: Operation,
+        basin: &BasinName,
+        name: &StreamName,
+        create_config: Option<&StreamConfig>,
+        forwarded: bool,
+    ) -> Result<crate::Route> {
+        self.still_valid().await?;
+        let stored = self.stream(op, basin, name)?;
+        let kind = match op {
+            Operation::Append => crate::catalog::AutoCreate::OnAppend,
+            _ => crate::catalog::AutoCreate::OnRead,
+        };
+        let create_config = create_config.copied().unwrap_or_default();
+        self.engine
+            .route(basin, &stored, Some((kind, &create_config)), forwarded)
+            .await
+            .map_err(|e| self.error(e))
     }
 
     // ---- access tokens ----

@@ -12,6 +12,7 @@ use crate::config::{
 };
 use crate::error::{Error, Resource, Result};
 use crate::names::{BasinName, StreamName};
+use crate::ownership::{Ownership, Placement};
 use crate::registry::StreamRegistry;
 use crate::storage::metadata::{Created, ListRange};
 use crate::storage::{BasinRecord, ListPage, MetadataStore, StreamRecord};
@@ -35,6 +36,9 @@ pub(crate) enum AutoCreate {
 pub(crate) struct Catalog {
     metadata: Arc<dyn MetadataStore>,
     registry: Arc<StreamRegistry>,
+    /// Which streams this node sequences; lookups for appends and reads take a stream
+    /// over through it when no live node holds it.
+    ownership: Arc<Ownership>,
     /// The one location this server offers.
     location: String,
     /// Storage class of streams that do not choose one.
@@ -72,12 +76,14 @@ impl Catalog {
     pub fn new(
         metadata: Arc<dyn MetadataStore>,
         registry: Arc<StreamRegistry>,
+        ownership: Arc<Ownership>,
         location: String,
         default_storage_class: StorageClass,
     ) -> Self {
         Self {
             metadata,
             registry,
+            ownership,
             location,
             default_storage_class,
         }
@@ -210,13 +216,10 @@ impl Catalog {
             idempotency_key: idempotency_key(request_token, &config),
         };
         let metadata = self.metadata.clone();
-        let registry = self.registry.clone();
         detached(async move {
-            let record = match metadata.create_stream(record).await? {
-                Created::New(record) | Created::Existing(record) => record,
-            };
-            registry.register(&record);
-            Ok(record)
+            match metadata.create_stream(record).await? {
+                Created::New(record) | Created::Existing(record) => Ok(record),
+            }
         })
         .await
     }
@@ -270,23 +273,33 @@ impl Catalog {
         }
     }
 
-    /// A live stream, from the registry or else from the metadata: one the registry does
-    /// not know yet (its registration was cut short, or a concurrent creator has not
-    /// registered it yet) holds no records yet, so registering it here is safe.
+    /// A live stream's record, from the metadata.
+    async fn live_record(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+    ) -> Result<Option<StreamRecord>> {
+        Ok(self
+            .metadata
+            .get_stream(basin, name)
+            .await?
+            .filter(|record| record.deleted_at.is_none()))
+    }
+
+    /// A live stream this node sequences, from the registry, or else taken over (see
+    /// `Ownership::acquire`; `OwnedElsewhere` if another node serves it).
     async fn known_stream(
         &self,
         basin: &BasinName,
         name: &StreamName,
+        placement: Placement,
     ) -> Result<Option<Arc<StreamState>>> {
         if let Some(state) = self.registry.get(basin, name) {
             return Ok(Some(state));
         }
-        match self.metadata.get_stream(basin, name).await? {
-            Some(record) if record.deleted_at.is_none() => {
-                self.registry.register(&record);
-                Ok(self.registry.get(basin, name))
-            }
-            _ => Ok(None),
+        match self.live_record(basin, name).await? {
+            Some(record) => self.ownership.acquire(&record, placement).await.map(Some),
+            None => Ok(None),
         }
     }
 
@@ -297,8 +310,9 @@ impl Catalog {
         basin: &BasinName,
         name: &StreamName,
         create: Option<(AutoCreate, &StreamConfig)>,
+        placement: Placement,
     ) -> Result<Arc<StreamState>> {
-        if let Some(state) = self.known_stream(basin, name).await? {
+        if let Some(state) = self.known_stream(basin, name, placement).await? {
             return Ok(state);
         }
         if let Some((kind, config)) = create {
@@ -313,9 +327,8 @@ impl Catalog {
                     Ok(_) | Err(Error::AlreadyExists(_)) => {}
                     Err(err) => return Err(err),
                 }
-                // `AlreadyExists`: a concurrent auto-creation won, and may not have
-                // registered the stream yet.
-                if let Some(state) = self.known_stream(basin, name).await? {
+                // `AlreadyExists`: a concurrent auto-creation won.
+                if let Some(state) = self.known_stream(basin, name, placement).await? {
                     return Ok(state);
                 }
             }
@@ -328,7 +341,13 @@ impl Catalog {
         basin: &BasinName,
         name: &StreamName,
     ) -> Result<StreamConfig> {
-        Ok(self.stream_for(basin, name, None).await?.config())
+        if let Some(state) = self.registry.get(basin, name) {
+            return Ok(state.config());
+        }
+        match self.live_record(basin, name).await? {
+            Some(record) => Ok(record.config),
+            None => Err(self.missing_stream_error(basin, name).await),
+        }
     }
 
     pub async fn reconfigure_stream(
@@ -337,11 +356,16 @@ impl Catalog {
         name: &StreamName,
         change: &StreamReconfiguration,
     ) -> Result<StreamConfig> {
-        let state = self.stream_for(basin, name, None).await?;
+        let Some(record) = self.live_record(basin, name).await? else {
+            return Err(self.missing_stream_error(basin, name).await);
+        };
         let basin_record = self.active_basin(basin).await?;
-        let config = self.resolve_config(&basin_record, &change.apply(&state.config())?);
-        self.metadata.set_stream_config(state.id, &config).await?;
-        state.set_config(config);
+        let config = self.resolve_config(&basin_record, &change.apply(&record.config)?);
+        self.metadata.set_stream_config(record.id, &config).await?;
+        // The node that sequences it (if another) learns of it from the metadata store.
+        if let Some(state) = self.registry.get_id(basin, name, record.id) {
+            state.set_config(config);
+        }
         Ok(config)
     }
 

@@ -159,7 +159,7 @@ impl Compactor {
                 }
                 run.checkpoint.replay(&entry.records);
                 let span = entry.span;
-                let bytes = span.cut(&chunk);
+                let bytes = span.cut(&key, &chunk)?;
                 run.entries.push((
                     bytes,
                     SegmentEntry {
@@ -177,22 +177,11 @@ impl Compactor {
             }
         }
         drop(fetched);
-        // Records of streams this process does not serve are dropped only if the
-        // metadata store agrees the stream is gone; otherwise compaction stops rather
-        // than lose them.
-        for id in not_served {
-            if self.metadata.stream_is_live(id).await? {
-                return Err(Error::storage(format!(
-                    "stream {id} is live in the metadata store but not served by this \
-                     process; compaction stops so its records are kept (restart streamgate)"
-                )));
-            }
-        }
 
         // Cut each stream's entries into segments and write them.
         let mut segments = Vec::new();
         for (stream_id, run) in &runs {
-            segments.extend(cut_segments(*stream_id, &run.entries));
+            segments.extend(cut_segments(*stream_id, self.epoch, &run.entries));
         }
         let written: usize = segments.iter().map(|(_, bytes)| bytes.len()).sum();
         let puts: Vec<(String, Bytes)> = segments
@@ -235,6 +224,12 @@ impl Compactor {
                 .collect(),
             wal_watermarks: watermarks.iter().map(|(e, n)| (*e, *n)).collect(),
             obsolete_objects: obsolete,
+            // Records of streams this node does not serve (deleted ones, or copies made
+            // for a takeover that did not complete) go with their chunks, unless the
+            // metadata store says their records are in this node's log: then the commit
+            // is refused rather than lose them.
+            committed_by: Some(self.epoch),
+            skipped_streams: not_served.into_iter().collect(),
         };
         let obsolete_after = OffsetDateTime::now_utc() + self.obsolete_grace;
         // Uncertain until the answer arrives (also if this round is cancelled meanwhile).
@@ -280,6 +275,13 @@ impl Compactor {
             tracing::debug!(?stats, "compacted WAL chunks into segments");
         }
         Ok(stats)
+    }
+
+    /// Holds compaction still (no round runs meanwhile) and gives its state, for a
+    /// takeover: it copies streams' records into this node's log and records their
+    /// checkpoints here before any round may see those records.
+    pub async fn pause(&self) -> tokio::sync::MutexGuard<'_, CompactionState> {
+        self.state.lock().await
     }
 
     /// Takes the watermarks and checkpoints as the store has them, after a commit whose
@@ -360,12 +362,16 @@ impl Compactor {
 /// Splits one stream's entries into segments of about `MAX_SEGMENT_BYTES` and at most
 /// `MAX_SEGMENT_ENTRIES` entries, copying each
 /// entry's bytes verbatim.
-fn cut_segments(stream_id: u64, entries: &[(Bytes, SegmentEntry)]) -> Vec<(SegmentRecord, Bytes)> {
+fn cut_segments(
+    stream_id: u64,
+    epoch: u64,
+    entries: &[(Bytes, SegmentEntry)],
+) -> Vec<(SegmentRecord, Bytes)> {
     let mut segments = Vec::new();
     let written_at_ms = crate::record::now_ms();
     let mut rest = entries;
     while !rest.is_empty() {
-        let key = segment_key(stream_id, rest[0].1.start_seq);
+        let key = segment_key(stream_id, rest[0].1.start_seq, epoch);
         let mut builder = ChunkBuilder::with_capacity(
             MAX_SEGMENT_BYTES.min(rest.iter().map(|(bytes, _)| bytes.len()).sum::<usize>()),
         );
@@ -422,7 +428,7 @@ mod tests {
                     last_timestamp: i,
                     span: *span,
                 };
-                (span.cut(&chunk), entry)
+                (span.cut("c", &chunk).unwrap(), entry)
             })
             .collect()
     }
@@ -432,7 +438,7 @@ mod tests {
     fn check_readable(segments: &[(SegmentRecord, Bytes)]) -> Vec<(u64, u64)> {
         let mut next = 0;
         for (record, bytes) in segments {
-            assert_eq!(record.key, segment_key(9, record.start_seq()));
+            assert_eq!(record.key, segment_key(9, record.start_seq(), 1));
             assert_eq!(record.start_seq(), next, "segments are contiguous");
             next = record.end_seq();
             assert_eq!(
@@ -441,7 +447,7 @@ mod tests {
             );
             for entry in &record.entries {
                 let (stream_id, records) =
-                    decode_entry(&record.key, entry.span.cut(bytes)).unwrap();
+                    decode_entry(&record.key, entry.span.cut(&record.key, bytes).unwrap()).unwrap();
                 assert_eq!((stream_id, records[0].seq_num), (9, entry.start_seq));
             }
         }
@@ -456,13 +462,16 @@ mod tests {
         // Three entries of ~3 MiB each: the first two share a segment, the third starts
         // the next one.
         let entries = entries_of(&[3 << 20; 3]);
-        assert_eq!(check_readable(&cut_segments(9, &entries)), [(0, 2), (2, 3)]);
+        assert_eq!(
+            check_readable(&cut_segments(9, 1, &entries)),
+            [(0, 2), (2, 3)]
+        );
     }
 
     #[test]
     fn segments_are_cut_by_entry_count_so_index_rows_stay_small() {
         let entries = entries_of(&[10; 5000]);
-        let segments = cut_segments(9, &entries);
+        let segments = cut_segments(9, 1, &entries);
         assert_eq!(check_readable(&segments), [(0, 4096), (4096, 5000)]);
         assert!(segments[0].0.encode_entries().len() <= 4096 * 40);
     }

@@ -13,17 +13,22 @@ use crate::access::TokenRegistry;
 use crate::appender::{Appender, PendingAck};
 use crate::cache::ChunkCache;
 use crate::catalog::{AutoCreate, Catalog};
+use crate::compaction::CompactionState;
 use crate::compaction::{CompactionStats, Compactor};
 use crate::config::{StorageClass, StreamConfig};
+use crate::error::Error;
 use crate::error::Result;
 use crate::lifecycle::Lifecycle;
+use crate::membership::{ClusterSettings, Membership};
 use crate::names::{BasinName, StreamName};
+use crate::ownership::{Ownership, Placement};
 use crate::read::{ReadBatch, ReadRequest, ReadStart, StreamReader};
 use crate::record::{AppendInput, StreamPosition};
 use crate::record_store::RecordStore;
 use crate::registry::StreamRegistry;
+use crate::remote::RemoteStreams;
 use crate::storage::{MetadataStore, ObjectStore};
-use crate::wal::recovery::recover;
+use crate::wal::recovery::{chunks_of, legacy_epochs};
 use crate::wal::writer::{FlushSettings, WalHealth, WalStatus, WalWriter};
 
 #[derive(Debug, Clone)]
@@ -45,6 +50,8 @@ pub struct EngineSettings {
     pub location: String,
     /// Storage class of streams that do not choose one.
     pub default_storage_class: StorageClass,
+    /// This node's identity, address and lease time in the cluster.
+    pub cluster: ClusterSettings,
 }
 
 impl Default for EngineSettings {
@@ -58,12 +65,26 @@ impl Default for EngineSettings {
             segment_cache_bytes: 256 * 1024 * 1024,
             location: "local".into(),
             default_storage_class: StorageClass::Express,
+            cluster: ClusterSettings::default(),
         }
     }
 }
 
+/// How far back (ms, by the metadata store's clock) each look for stream changes reaches
+/// before the previous look: a change whose transaction read the clock earlier but
+/// committed later is still seen.
+const CHANGE_CLOCK_SLACK_MS: i64 = 5_000;
+
 /// The least time obsolete objects stay after the commit that made them obsolete.
 const MIN_OBSOLETE_GRACE: Duration = Duration::from_secs(5);
+
+/// Where a request on a stream is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    Here,
+    /// At the node with this advertised URL, which sequences the stream.
+    Node(String),
+}
 
 #[derive(Clone)]
 pub struct Engine {
@@ -73,10 +94,17 @@ pub struct Engine {
 struct Inner {
     settings: EngineSettings,
     epoch: u64,
+    metadata: Arc<dyn MetadataStore>,
     objects: Arc<dyn ObjectStore>,
     tokens: TokenRegistry,
     catalog: Arc<Catalog>,
-    appender: Appender,
+    appender: Arc<Appender>,
+    membership: Arc<Membership>,
+    ownership: Arc<Ownership>,
+    /// The metadata store's clock at the last look for stream changes.
+    changes_seen_at: Mutex<i64>,
+    /// How calls reach the nodes that sequence other streams (set by the gateway).
+    remote: std::sync::OnceLock<Arc<dyn RemoteStreams>>,
     records: Arc<RecordStore>,
     registry: Arc<StreamRegistry>,
     compactor: Arc<Compactor>,
@@ -86,9 +114,10 @@ struct Inner {
 }
 
 impl Engine {
-    /// Recovers every stream from the metadata and the write-ahead log, then starts the
-    /// WAL writer, compaction and the lifecycle task. Serving starts only after this
-    /// returns.
+    /// Joins the cluster (a cluster of one for the embedded default), takes over the
+    /// streams an earlier run of this node sequenced (rebuilding them from the metadata
+    /// and the write-ahead log), then starts the WAL writer's acknowledgements, lease
+    /// renewals, compaction and lifecycle work. Serving starts only after this returns.
     pub async fn open(
         metadata: Arc<dyn MetadataStore>,
         objects: Arc<dyn ObjectStore>,
@@ -97,8 +126,9 @@ impl Engine {
         let metadata: Arc<dyn MetadataStore> =
             Arc::new(crate::storage::deadline::Deadlines::new(metadata));
         let epoch = metadata.next_epoch().await?;
-        let (streams, compaction) = recover(metadata.as_ref(), objects.as_ref()).await?;
-        let registry = Arc::new(StreamRegistry::new(streams));
+        let membership =
+            Membership::join(metadata.clone(), epoch, settings.cluster.clone()).await?;
+        let registry = Arc::new(StreamRegistry::default());
         let wal_cache = Arc::new(ChunkCache::new(settings.cache_bytes));
         let wal_health: WalHealth = Arc::new(tokio::sync::watch::Sender::new(WalStatus::default()));
         let writer = WalWriter::spawn(
@@ -107,6 +137,7 @@ impl Engine {
             settings.flush,
             epoch,
             wal_health.clone(),
+            membership.state(),
         );
         let obsolete_grace = settings.compaction_interval.max(MIN_OBSOLETE_GRACE);
         let compactor = Arc::new(Compactor::new(
@@ -116,11 +147,30 @@ impl Engine {
             epoch,
             writer.released,
             obsolete_grace,
-            compaction,
+            CompactionState {
+                checkpoints: Default::default(),
+                logs: Default::default(),
+            },
+        ));
+        let appender = Arc::new(Appender::new(
+            writer.appends,
+            writer.task,
+            wal_health,
+            settings.max_inflight_bytes,
+            membership.clone(),
+        ));
+        let ownership = Arc::new(Ownership::new(
+            metadata.clone(),
+            objects.clone(),
+            membership.clone(),
+            registry.clone(),
+            appender.clone(),
+            compactor.clone(),
         ));
         let catalog = Arc::new(Catalog::new(
             metadata.clone(),
             registry.clone(),
+            ownership.clone(),
             settings.location.clone(),
             settings.default_storage_class,
         ));
@@ -132,30 +182,41 @@ impl Engine {
             obsolete_grace,
         );
         let inner = Arc::new(Inner {
-            appender: Appender::new(
-                writer.appends,
-                writer.task,
-                wal_health,
-                settings.max_inflight_bytes,
-            ),
+            appender,
             records: Arc::new(RecordStore::new(
                 metadata.clone(),
                 objects.clone(),
                 wal_cache,
                 settings.segment_cache_bytes,
             )),
-            tokens: TokenRegistry::new(metadata),
+            tokens: TokenRegistry::new(metadata.clone()),
+            metadata,
             objects,
             catalog,
             registry,
             compactor,
             lifecycle,
+            membership,
+            ownership,
             settings,
             epoch,
+            changes_seen_at: Mutex::new(0),
+            remote: std::sync::OnceLock::new(),
             background: Mutex::new(Vec::new()),
         });
         let engine = Engine { inner };
+        let taken = engine.inner.ownership.take_orphans(true).await?;
+        engine.retire_legacy_logs().await?;
+        tracing::info!(
+            epoch,
+            streams = taken,
+            "joined the cluster and took over the streams this node had before"
+        );
         let background = vec![
+            engine.spawn_renewals(),
+            engine.every(engine.inner.settings.cluster.renew_interval(), |engine| {
+                Box::pin(async move { engine.follow_cluster().await })
+            }),
             engine.every(engine.inner.settings.compaction_interval, |engine| {
                 Box::pin(async move { engine.compact().await.map(|_| ()) })
             }),
@@ -165,6 +226,88 @@ impl Engine {
         ];
         *engine.inner.background.lock() = background;
         Ok(engine)
+    }
+
+    /// Renews this node's lease on a steady beat, apart from every other task so that
+    /// slow work never delays a renewal.
+    fn spawn_renewals(&self) -> JoinHandle<()> {
+        let weak = Arc::downgrade(&self.inner);
+        let interval = self.inner.settings.cluster.renew_interval();
+        tokio::spawn(async move {
+            let mut beat = tokio::time::interval(interval);
+            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                beat.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let membership = inner.membership.clone();
+                drop(inner);
+                match membership.renew().await {
+                    Ok(()) => {}
+                    Err(Error::LeaseLost) => {
+                        tracing::error!(
+                            "fenced: other nodes took over streams of this node after it \
+                             could not renew its lease in time; it acknowledges nothing more \
+                             and stops (restart it to rejoin the cluster as a new node)"
+                        );
+                        return;
+                    }
+                    Err(err) => {
+                        let holds = membership.holds();
+                        tracing::warn!(error = %err, lease_holds = holds, "could not renew this node's lease; retrying")
+                    }
+                }
+            }
+        })
+    }
+
+    /// What the cluster did since the last look: which nodes are live, changes to
+    /// the streams this node sequences made through other nodes, and streams whose
+    /// owner is gone (this node takes its share).
+    async fn follow_cluster(&self) -> Result<()> {
+        let inner = &self.inner;
+        inner.membership.refresh_live_nodes().await?;
+        let since = *inner.changes_seen_at.lock();
+        let (changes, now) = inner.metadata.stream_changes(inner.epoch, since).await?;
+        for change in changes {
+            if change.deleted {
+                inner.registry.remove_id(change.id);
+            } else if let Some(state) = inner.registry.by_id().get(&change.id) {
+                state.set_config(change.config);
+            }
+        }
+        // A change committed a little after the clock it read is still seen next time.
+        *inner.changes_seen_at.lock() = now - CHANGE_CLOCK_SLACK_MS;
+        // A node that just renewed after a lapse waits a lease before taking others'
+        // streams, so that every node can renew first after a metadata outage.
+        if inner
+            .membership
+            .held_for()
+            .is_some_and(|held| held >= inner.settings.cluster.lease)
+        {
+            let taken = inner.ownership.take_orphans(false).await?;
+            if taken > 0 {
+                tracing::info!(streams = taken, "took over streams of nodes that are gone");
+            }
+        }
+        Ok(())
+    }
+
+    /// Once no stream needs the logs written before clusters, they are deleted.
+    async fn retire_legacy_logs(&self) -> Result<()> {
+        let inner = &self.inner;
+        if inner.metadata.legacy_logs_needed().await? {
+            return Ok(());
+        }
+        let epochs: Vec<u64> = legacy_epochs(inner.metadata.as_ref(), inner.objects.as_ref())
+            .await?
+            .into_iter()
+            .filter(|epoch| *epoch < inner.epoch)
+            .collect();
+        if epochs.is_empty() {
+            return Ok(());
+        }
+        let chunks = chunks_of(inner.objects.as_ref(), &epochs).await?;
+        inner.lifecycle.retire_objects(chunks).await
     }
 
     /// Runs `work` every `interval` until the engine is dropped; failures are logged and
@@ -217,7 +360,84 @@ impl Engine {
     /// One lifecycle pass: retention, trim, delete-on-empty, deletions and obsolete
     /// objects (the background task runs one every `reap_interval`).
     pub async fn run_lifecycle(&self) -> Result<()> {
-        self.inner.lifecycle.run_pass().await
+        // Acting on a stream (deleting it when empty, say) needs the lease on it.
+        self.inner.membership.check()?;
+        let leader = self.inner.membership.rank().0 == 0;
+        let lease = self.inner.settings.cluster.lease;
+        self.inner.lifecycle.run_pass(leader.then_some(lease)).await
+    }
+
+    // ---- the cluster ----
+
+    /// Resolves once this node's leases were taken over by others (it was fenced): it
+    /// must stop serving. Never resolves while it keeps them.
+    pub async fn lease_lost(&self) {
+        let mut state = self.inner.membership.state();
+        while *state.borrow_and_update() != crate::membership::LeaseState::Lost {
+            if state.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// This node: its epoch, identity and advertised URL.
+    pub fn node(&self) -> &ClusterSettings {
+        &self.inner.settings.cluster
+    }
+
+    /// Every node the metadata store knows, with its lease and the streams it holds.
+    pub async fn cluster_nodes(&self) -> Result<Vec<crate::storage::cluster::NodeRecord>> {
+        self.inner.metadata.cluster_nodes().await
+    }
+
+    /// Gives the engine a way to make calls at other nodes, for front ends that cannot
+    /// forward whole requests (RESP, OTLP). Without it, such calls on streams another
+    /// node sequences fail (retryably) with that node's address.
+    pub fn set_remote(&self, remote: Arc<dyn RemoteStreams>) {
+        let _ = self.inner.remote.set(remote);
+    }
+
+    pub(crate) fn remote(&self) -> Option<Arc<dyn RemoteStreams>> {
+        self.inner.remote.get().cloned()
+    }
+
+    /// Whether this node sequences the stream now.
+    pub(crate) fn serves(&self, basin: &BasinName, name: &StreamName) -> bool {
+        self.inner.registry.get(basin, name).is_some()
+    }
+
+    /// How many streams this node sequences now.
+    pub fn streams_served(&self) -> usize {
+        self.inner.registry.len()
+    }
+
+    /// Where a request on a stream should be served: here (taking the stream over if
+    /// no live node holds it and it falls to this node, or `forwarded` says another
+    /// node sent it here), or at another node's URL. An error is what the request
+    /// itself would get.
+    pub(crate) async fn route(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        create: Option<(AutoCreate, &StreamConfig)>,
+        forwarded: bool,
+    ) -> Result<Route> {
+        let placement = if forwarded {
+            Placement::Here
+        } else {
+            Placement::Balanced
+        };
+        match self
+            .catalog()
+            .stream_for(basin, name, create, placement)
+            .await
+        {
+            Ok(_) => Ok(Route::Here),
+            Err(Error::OwnedElsewhere { advertise_url }) if !forwarded => {
+                Ok(Route::Node(advertise_url))
+            }
+            Err(err) => Err(err),
+        }
     }
 
     /// The access tokens this server honours.
@@ -261,6 +481,15 @@ impl Engine {
         for task in self.inner.background.lock().drain(..) {
             task.abort();
         }
+        // Nothing more is written: other nodes may take this node's streams at once.
+        if !self.inner.membership.is_lost() {
+            match self.inner.metadata.leave_cluster(self.inner.epoch).await {
+                Ok(()) => tracing::info!("left the cluster: other nodes take over its streams now"),
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not leave the cluster; other nodes take over its streams once its lease runs out")
+                }
+            }
+        }
     }
 
     /// Whether an append of `metered` bytes would have to wait now because the bytes
@@ -282,7 +511,12 @@ impl Engine {
     ) -> Result<()> {
         let create_config = create_config.copied().unwrap_or_default();
         self.catalog()
-            .stream_for(basin, name, Some((AutoCreate::OnAppend, &create_config)))
+            .stream_for(
+                basin,
+                name,
+                Some((AutoCreate::OnAppend, &create_config)),
+                Placement::Here,
+            )
             .await
             .map(|_| ())
     }
@@ -305,7 +539,12 @@ impl Engine {
         let create_config = create_config.copied().unwrap_or_default();
         let stream = self
             .catalog()
-            .stream_for(basin, name, Some((AutoCreate::OnAppend, &create_config)))
+            .stream_for(
+                basin,
+                name,
+                Some((AutoCreate::OnAppend, &create_config)),
+                Placement::Here,
+            )
             .await?;
         appender
             .submit(&stream, input, valid, crate::record::now_ms())
@@ -318,10 +557,17 @@ impl Engine {
         name: &StreamName,
         create_config: Option<&StreamConfig>,
     ) -> Result<StreamPosition> {
+        // The tail is only this node's to tell while its leases surely hold.
+        self.inner.membership.check()?;
         let create_config = create_config.copied().unwrap_or_default();
         let stream = self
             .catalog()
-            .stream_for(basin, name, Some((AutoCreate::OnRead, &create_config)))
+            .stream_for(
+                basin,
+                name,
+                Some((AutoCreate::OnRead, &create_config)),
+                Placement::Here,
+            )
             .await?;
         Ok(stream.tail())
     }
@@ -337,10 +583,16 @@ impl Engine {
         clamp: bool,
         create_config: Option<&StreamConfig>,
     ) -> Result<StreamReader> {
+        self.inner.membership.check()?;
         let create_config = create_config.copied().unwrap_or_default();
         let stream = self
             .catalog()
-            .stream_for(basin, name, Some((AutoCreate::OnRead, &create_config)))
+            .stream_for(
+                basin,
+                name,
+                Some((AutoCreate::OnRead, &create_config)),
+                Placement::Here,
+            )
             .await?;
         StreamReader::open(self.inner.records.clone(), stream, start, clamp).await
     }

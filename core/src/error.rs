@@ -122,6 +122,16 @@ pub enum Error {
     Unavailable(String),
     #[error("the server is shutting down; retry against a running server")]
     ServerDraining,
+    /// Another node took streams of this one while it could not renew its lease: this
+    /// node must stop serving them (it stops altogether).
+    #[error("this node's stream leases were taken over by other nodes after it failed to renew them in time; it stops serving and must be restarted")]
+    LeaseLost,
+    /// The stream is sequenced by another node, which serves it (a front end that can,
+    /// forwards the request there).
+    #[error(
+        "the stream is served by the node at {advertise_url}; send the request there, or retry"
+    )]
+    OwnedElsewhere { advertise_url: String },
     #[error("{0} is not implemented by this server yet")]
     NotImplemented(String),
     /// No access token, an unknown or revoked one, or an expired one.
@@ -151,7 +161,10 @@ impl Error {
             Error::SeqNumMismatch(_) | Error::FencingTokenMismatch(_) => ErrorKind::ConditionFailed,
             Error::RangeNotSatisfiable { .. } => ErrorKind::RangeNotSatisfiable,
             Error::Storage(_) => ErrorKind::StorageFailed,
-            Error::Unavailable(_) | Error::ServerDraining => ErrorKind::Unavailable,
+            Error::Unavailable(_)
+            | Error::ServerDraining
+            | Error::LeaseLost
+            | Error::OwnedElsewhere { .. } => ErrorKind::Unavailable,
             Error::NotImplemented(_) => ErrorKind::NotImplemented,
             Error::Unauthenticated(_) => ErrorKind::Unauthenticated,
             Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
@@ -173,7 +186,9 @@ impl Error {
             Error::SeqNumMismatch(_) | Error::FencingTokenMismatch(_) => "append_condition_failed",
             Error::RangeNotSatisfiable { .. } => "range_not_satisfiable",
             Error::Storage(_) => "storage",
-            Error::Unavailable(_) => "unavailable",
+            Error::Unavailable(_) | Error::LeaseLost | Error::OwnedElsewhere { .. } => {
+                "unavailable"
+            }
             Error::ServerDraining => "server_draining",
             Error::NotImplemented(_) => "not_implemented",
             Error::Unauthenticated(_) => "authn",

@@ -69,11 +69,51 @@ impl Lifecycle {
         }
     }
 
-    /// One lifecycle pass (the background task runs one every `reap_interval`).
-    pub async fn run_pass(&self) -> Result<()> {
+    /// One lifecycle pass (the background task runs one every `reap_interval`). Every
+    /// node bounds the streams it sequences; the work that is the cluster's, not any
+    /// stream's (finishing deletions, deleting obsolete objects and the logs of gone
+    /// nodes), runs on one node, the `leader`, so it is done once.
+    pub async fn run_pass(&self, leader: Option<Duration>) -> Result<()> {
         self.apply_retention_and_trim().await?;
-        self.finish_deletions().await?;
-        self.delete_obsolete_objects().await
+        if let Some(lease) = leader {
+            self.finish_deletions().await?;
+            self.retire_dead_logs(lease).await?;
+            self.delete_obsolete_objects().await?;
+        }
+        Ok(())
+    }
+
+    /// Records objects as obsolete: deleted once their grace period has passed.
+    pub async fn retire_objects(&self, keys: Vec<String>) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let commit = crate::segment::CompactionCommit {
+            obsolete_objects: keys,
+            ..Default::default()
+        };
+        self.metadata
+            .commit_compaction(&commit, self.obsolete_after())
+            .await
+    }
+
+    /// The logs of nodes gone for a while (`lease` several times over) whose streams
+    /// all live in other logs now: their chunks become obsolete, then the node is
+    /// forgotten.
+    async fn retire_dead_logs(&self, lease: Duration) -> Result<()> {
+        let dead_for = (lease * 6).as_millis() as u64;
+        for epoch in self.metadata.dead_logs(dead_for).await? {
+            let chunks = crate::wal::recovery::chunks_of(self.objects.as_ref(), &[epoch]).await?;
+            let count = chunks.len();
+            self.retire_objects(chunks).await?;
+            self.metadata.forget_node(epoch).await?;
+            tracing::info!(
+                epoch,
+                chunks = count,
+                "deleting the log of a node that is gone; every stream it had is served elsewhere"
+            );
+        }
+        Ok(())
     }
 
     fn obsolete_after(&self) -> OffsetDateTime {

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use crate::error::{Error, Resource, Result};
 use crate::record::{SequencedRecord, StreamPosition, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS};
 use crate::record_store::RecordStore;
+use crate::remote::{RemoteStream, RemoteStreams};
 use crate::stream::{BatchLocation, StreamState};
 
 /// Where a read starts.
@@ -82,14 +83,16 @@ pub struct ReadBatch {
     pub tail: Option<StreamPosition>,
 }
 
-/// A cursor over one stream's durable records, shared by unary reads and read sessions.
-/// Waiting for new records uses the stream's tail notifications, so idle followers cost
-/// no polling.
+/// A cursor over one stream's durable records, shared by unary reads and read sessions:
+/// over a stream this node sequences, or (for front ends that cannot forward whole
+/// requests) one another node sequences, read from it batch by batch.
 pub struct StreamReader {
-    store: Arc<RecordStore>,
-    state: Arc<StreamState>,
-    position: u64,
-    tail_changes: watch::Receiver<StreamPosition>,
+    source: Source,
+}
+
+enum Source {
+    Local(LocalReader),
+    Remote(RemoteReader),
 }
 
 impl StreamReader {
@@ -99,6 +102,232 @@ impl StreamReader {
         start: ReadStart,
         clamp: bool,
     ) -> Result<StreamReader> {
+        let local = LocalReader::open(store, state, start, clamp).await?;
+        Ok(StreamReader {
+            source: Source::Local(local),
+        })
+    }
+
+    pub(crate) async fn open_remote(
+        remote: Arc<dyn RemoteStreams>,
+        at: RemoteStream,
+        start: ReadStart,
+        clamp: bool,
+    ) -> Result<StreamReader> {
+        let remote = RemoteReader::open(remote, at, start, clamp).await?;
+        Ok(StreamReader {
+            source: Source::Remote(remote),
+        })
+    }
+
+    /// The sequence number of the next record this reader returns.
+    pub fn position(&self) -> u64 {
+        match &self.source {
+            Source::Local(r) => r.position,
+            Source::Remote(r) => r.position,
+        }
+    }
+
+    /// The tail (for a remote stream, as last seen).
+    pub fn tail(&self) -> StreamPosition {
+        match &self.source {
+            Source::Local(r) => r.state.tail(),
+            Source::Remote(r) => r.tail,
+        }
+    }
+
+    /// Whether every durable record has been read.
+    pub fn at_tail(&self) -> bool {
+        self.position() >= self.tail().seq_num
+    }
+
+    /// The next durable records within `limits` (count and bytes should be set), and
+    /// whether a bound rather than the tail ended the batch. The batch carries the tail
+    /// when it reaches it. Records trimmed meanwhile are skipped.
+    pub async fn next_batch(&mut self, limits: ReadLimits) -> Result<(ReadBatch, bool)> {
+        match &mut self.source {
+            Source::Local(r) => r.next_batch(limits).await,
+            Source::Remote(r) => r.next_batch(limits).await,
+        }
+    }
+
+    /// Waits until records exist past the position (`true`), or until the deadline
+    /// passes (`false`). A deleted stream ends the wait with an error.
+    pub async fn wait_for_records(&mut self, deadline: Option<Instant>) -> Result<bool> {
+        match &mut self.source {
+            Source::Local(r) => r.wait_for_records(deadline).await,
+            Source::Remote(r) => r.wait_for_records(deadline).await,
+        }
+    }
+
+    /// A single-batch (unary) read from here: the 416 rule for a read at the tail that
+    /// does not wait, bounds capped at one batch, and a wait at the tail of at most
+    /// `MAX_UNARY_WAIT`.
+    pub async fn read_one_batch(&mut self, request: &ReadRequest) -> Result<ReadBatch> {
+        let wait = request.wait.min(MAX_UNARY_WAIT);
+        if wait.is_zero() && self.at_tail() {
+            return Err(Error::RangeNotSatisfiable { tail: self.tail() });
+        }
+        let limits = request.limits.for_one_batch();
+        if limits.count == Some(0) || limits.bytes == Some(0) {
+            return Ok(ReadBatch::default());
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            let (batch, bounded) = self.next_batch(limits).await?;
+            if !batch.records.is_empty() || bounded {
+                return Ok(batch);
+            }
+            if !self.wait_for_records(Some(deadline)).await? {
+                return Ok(ReadBatch::default());
+            }
+        }
+    }
+}
+
+/// A reader of a stream another node sequences: each batch is read from that node (a
+/// wait at the tail is a read that waits there), and kept here until taken.
+struct RemoteReader {
+    remote: Arc<dyn RemoteStreams>,
+    at: RemoteStream,
+    position: u64,
+    tail: StreamPosition,
+    buffered: std::collections::VecDeque<SequencedRecord>,
+}
+
+impl RemoteReader {
+    async fn open(
+        remote: Arc<dyn RemoteStreams>,
+        at: RemoteStream,
+        start: ReadStart,
+        clamp: bool,
+    ) -> Result<RemoteReader> {
+        let mut reader = RemoteReader {
+            remote,
+            at,
+            position: 0,
+            tail: StreamPosition::default(),
+            buffered: Default::default(),
+        };
+        let first = ReadRequest {
+            start,
+            clamp,
+            limits: ReadLimits::default().for_one_batch(),
+            wait: Duration::ZERO,
+        };
+        match reader.remote.read(&reader.at, first).await {
+            Ok(batch) => {
+                reader.tail = match batch.tail {
+                    Some(tail) => tail,
+                    None => reader.remote.check_tail(&reader.at).await?,
+                };
+                reader.position = batch
+                    .records
+                    .first()
+                    .map_or(reader.tail.seq_num, |r| r.seq_num);
+                reader.buffered.extend(batch.records);
+            }
+            // At the tail (or, with `clamp`, beyond it): the reader starts there.
+            Err(Error::RangeNotSatisfiable { tail }) => {
+                if let (ReadStart::SeqNum(seq), false) = (start, clamp) {
+                    if seq > tail.seq_num {
+                        return Err(Error::RangeNotSatisfiable { tail });
+                    }
+                }
+                reader.tail = tail;
+                reader.position = tail.seq_num;
+            }
+            Err(err) => return Err(err),
+        }
+        Ok(reader)
+    }
+
+    /// Reads the next batch from the owner into the buffer, waiting up to `wait` at the
+    /// tail; whether it brought records.
+    async fn fetch(&mut self, limits: ReadLimits, wait: Duration) -> Result<bool> {
+        let request = ReadRequest {
+            start: ReadStart::SeqNum(self.position),
+            clamp: true,
+            limits: limits.for_one_batch(),
+            wait,
+        };
+        match self.remote.read(&self.at, request).await {
+            Ok(batch) => {
+                if let Some(tail) = batch.tail {
+                    self.tail = tail;
+                }
+                if let Some(last) = batch.records.last() {
+                    self.tail.seq_num = self.tail.seq_num.max(last.seq_num + 1);
+                }
+                let any = !batch.records.is_empty();
+                self.buffered.extend(batch.records);
+                Ok(any)
+            }
+            Err(Error::RangeNotSatisfiable { tail }) => {
+                self.tail = tail;
+                Ok(false)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn next_batch(&mut self, limits: ReadLimits) -> Result<(ReadBatch, bool)> {
+        if self.buffered.is_empty() {
+            self.fetch(limits, Duration::ZERO).await?;
+        }
+        let max = limits.count.unwrap_or(u64::MAX) as usize;
+        let take = self.buffered.len().min(max);
+        let records: Vec<SequencedRecord> = self.buffered.drain(..take).collect();
+        if let Some(last) = records.last() {
+            self.position = last.seq_num + 1;
+        }
+        let bounded = records.len() == max && max > 0;
+        let at_tail = self.buffered.is_empty() && self.position >= self.tail.seq_num;
+        Ok((
+            ReadBatch {
+                records,
+                tail: at_tail.then_some(self.tail),
+            },
+            bounded,
+        ))
+    }
+
+    async fn wait_for_records(&mut self, deadline: Option<Instant>) -> Result<bool> {
+        loop {
+            if !self.buffered.is_empty() || self.position < self.tail.seq_num {
+                return Ok(true);
+            }
+            let wait = match deadline {
+                Some(deadline) => deadline.saturating_duration_since(Instant::now()),
+                None => MAX_UNARY_WAIT,
+            };
+            if wait.is_zero() {
+                return Ok(false);
+            }
+            let limits = ReadLimits::default().for_one_batch();
+            if self.fetch(limits, wait.min(MAX_UNARY_WAIT)).await? {
+                return Ok(true);
+            }
+        }
+    }
+}
+
+/// A reader of a stream this node sequences. Waiting for new records uses the stream's
+/// tail notifications, so idle followers cost no polling.
+struct LocalReader {
+    store: Arc<RecordStore>,
+    state: Arc<StreamState>,
+    position: u64,
+    tail_changes: watch::Receiver<StreamPosition>,
+}
+
+impl LocalReader {
+    async fn open(
+        store: Arc<RecordStore>,
+        state: Arc<StreamState>,
+        start: ReadStart,
+        clamp: bool,
+    ) -> Result<LocalReader> {
         // Subscribe before looking at the tail, so no append slips between the two.
         let tail_changes = state.subscribe();
         let tail = state.tail();
@@ -120,7 +349,7 @@ impl StreamReader {
                 None => compacted_through,
             };
         }
-        Ok(StreamReader {
+        Ok(LocalReader {
             position,
             store,
             state,
@@ -128,24 +357,15 @@ impl StreamReader {
         })
     }
 
-    /// The sequence number of the next record this reader returns.
-    pub fn position(&self) -> u64 {
-        self.position
-    }
-
-    pub fn tail(&self) -> StreamPosition {
+    fn tail(&self) -> StreamPosition {
         self.state.tail()
     }
 
-    /// Whether every durable record has been read.
-    pub fn at_tail(&self) -> bool {
+    fn at_tail(&self) -> bool {
         self.position >= self.tail().seq_num
     }
 
-    /// The next durable records within `limits` (count and bytes should be set), and
-    /// whether a bound rather than the tail ended the batch. The batch carries the tail
-    /// when it reaches it. Records trimmed meanwhile are skipped.
-    pub async fn next_batch(&mut self, limits: ReadLimits) -> Result<(ReadBatch, bool)> {
+    async fn next_batch(&mut self, limits: ReadLimits) -> Result<(ReadBatch, bool)> {
         if self.state.is_deleted() {
             return Err(Error::DeletionPending(Resource::Stream(
                 self.state.name.clone(),
@@ -177,9 +397,7 @@ impl StreamReader {
         ))
     }
 
-    /// Waits until records exist past the position (`true`), or until the deadline
-    /// passes (`false`). A deleted stream ends the wait with an error.
-    pub async fn wait_for_records(&mut self, deadline: Option<Instant>) -> Result<bool> {
+    async fn wait_for_records(&mut self, deadline: Option<Instant>) -> Result<bool> {
         loop {
             if self.state.is_deleted() {
                 return Err(Error::DeletionPending(Resource::Stream(
@@ -199,30 +417,6 @@ impl StreamReader {
             };
             if outcome.is_err() {
                 return Ok(false);
-            }
-        }
-    }
-
-    /// A single-batch (unary) read from here: the 416 rule for a read at the tail that
-    /// does not wait, bounds capped at one batch, and a wait at the tail of at most
-    /// `MAX_UNARY_WAIT`.
-    pub async fn read_one_batch(&mut self, request: &ReadRequest) -> Result<ReadBatch> {
-        let wait = request.wait.min(MAX_UNARY_WAIT);
-        if wait.is_zero() && self.at_tail() {
-            return Err(Error::RangeNotSatisfiable { tail: self.tail() });
-        }
-        let limits = request.limits.for_one_batch();
-        if limits.count == Some(0) || limits.bytes == Some(0) {
-            return Ok(ReadBatch::default());
-        }
-        let deadline = Instant::now() + wait;
-        loop {
-            let (batch, bounded) = self.next_batch(limits).await?;
-            if !batch.records.is_empty() || bounded {
-                return Ok(batch);
-            }
-            if !self.wait_for_records(Some(deadline)).await? {
-                return Ok(ReadBatch::default());
             }
         }
     }

@@ -44,15 +44,15 @@ impl RecordStore {
         let key = &location.object;
         let bytes = match location.stored {
             Stored::WalChunk => match self.wal_cache.get(key) {
-                Some(chunk) => span.cut(&chunk),
+                Some(chunk) => span.cut(key, &chunk)?,
                 None => self.objects.get_range(key, span.range()).await?,
             },
             Stored::Segment => match self.segment_cache.get(key) {
-                Some(segment) => span.cut(&segment),
+                Some(segment) => span.cut(key, &segment)?,
                 None => match self.objects.get(key).await? {
                     Some(segment) if segment.len() as u64 >= span.range().end => {
                         self.segment_cache.insert(key.clone(), segment.clone());
-                        span.cut(&segment)
+                        span.cut(key, &segment)?
                     }
                     Some(_) => {
                         return Err(Error::storage(format!(

@@ -1,8 +1,8 @@
 //! The stream registry: the in-memory state of every live stream, by name.
 //!
-//! Every live stream is here from start-up on (recovery fills it). The catalog adds and
-//! removes streams as the metadata changes; appends, reads, compaction and lifecycle
-//! look streams up here. Removing a stream marks its state deleted, so anyone still
+//! Every live stream this node sequences is here, from when it took the stream over
+//! (see `ownership`). The catalog removes streams as they are deleted; appends, reads,
+//! compaction and lifecycle look streams up here. Removing a stream marks its state deleted, so anyone still
 //! holding it (a reader, a waiting append) sees the deletion.
 
 use std::collections::HashMap;
@@ -11,9 +11,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::names::{BasinName, StreamName};
-use crate::record::StreamPosition;
-use crate::storage::StreamRecord;
-use crate::stream::{SequencerState, StreamState};
+use crate::stream::StreamState;
 
 pub(crate) type StreamKey = (BasinName, StreamName);
 
@@ -23,12 +21,6 @@ pub(crate) struct StreamRegistry {
 }
 
 impl StreamRegistry {
-    pub fn new(streams: HashMap<StreamKey, Arc<StreamState>>) -> Self {
-        Self {
-            streams: RwLock::new(streams),
-        }
-    }
-
     pub fn get(&self, basin: &BasinName, name: &StreamName) -> Option<Arc<StreamState>> {
         self.streams
             .read()
@@ -36,26 +28,35 @@ impl StreamRegistry {
             .cloned()
     }
 
-    /// Adds a stream just created, or found in the metadata but not here (idempotent for
-    /// retried creates). A different id under this name is a deleted stream whose removal
-    /// never ran: it is replaced, and must not receive the new stream's records.
-    pub fn register(&self, record: &StreamRecord) {
-        let key = (record.basin.clone(), record.name.clone());
-        let mut streams = self.streams.write();
-        if streams.get(&key).map(|state| state.id) == Some(record.id) {
-            return;
-        }
-        let fresh = StreamState::new(
-            record.id,
-            record.name.clone(),
-            record.config,
-            SequencerState::default(),
-            StreamPosition::default(),
-            Vec::new(),
-        );
-        if let Some(stale) = streams.insert(key, fresh) {
+    /// The stream of this name if it is the one with this id.
+    pub fn get_id(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        id: u64,
+    ) -> Option<Arc<StreamState>> {
+        self.get(basin, name).filter(|state| state.id == id)
+    }
+
+    /// Starts serving a stream this node has taken over. A different id under this name
+    /// is a deleted stream whose removal never ran here: it is replaced.
+    pub fn insert(&self, basin: BasinName, state: Arc<StreamState>) {
+        let key = (basin, state.name.clone());
+        if let Some(stale) = self.streams.write().insert(key, state) {
             stale.mark_deleted();
         }
+    }
+
+    /// Removes a stream by id (deleted through another node).
+    pub fn remove_id(&self, id: u64) {
+        self.streams.write().retain(|_, state| {
+            if state.id == id {
+                state.mark_deleted();
+                false
+            } else {
+                true
+            }
+        });
     }
 
     /// Removes the stream with this id under this name, if it is still the one there.
@@ -88,6 +89,10 @@ impl StreamRegistry {
             .iter()
             .map(|((basin, _), state)| (basin.clone(), state.clone()))
             .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.streams.read().len()
     }
 
     /// The live streams by id.

@@ -19,15 +19,19 @@ pub const MAX_SEGMENT_BYTES: usize = 8 * 1024 * 1024;
 /// of tiny batches.
 pub const MAX_SEGMENT_ENTRIES: usize = 4096;
 
-/// Object-store key of the segment of `stream_id` that starts at `start_seq`. Writing the
-/// same range again (a compaction redone after a crash) rewrites the same object.
-pub fn segment_key(stream_id: u64, start_seq: u64) -> String {
-    format!("{}{start_seq:020}", segment_prefix(stream_id))
+/// Object-store key of the segment of `stream_id` that starts at `start_seq`, written by
+/// the node of `epoch`. The writer is part of the key so that no node can overwrite a
+/// segment another node wrote (a node that lost the stream, compacting late); a round
+/// redone by the same node after an uncertain commit rewrites the same object.
+pub fn segment_key(stream_id: u64, start_seq: u64, epoch: u64) -> String {
+    format!("{}{start_seq:020}-{epoch:020}", segment_prefix(stream_id))
 }
 
-/// The inverse of [`segment_key`]: `(stream_id, start_seq)`.
+/// The stream and first sequence number of a segment key (of [`segment_key`], or of
+/// the form without a writer that streamgate used before clusters).
 pub fn parse_segment_key(key: &str) -> Option<(u64, u64)> {
-    let (stream_id, start_seq) = key.strip_prefix("segments/")?.split_once('/')?;
+    let (stream_id, rest) = key.strip_prefix("segments/")?.split_once('/')?;
+    let start_seq = rest.split_once('-').map_or(rest, |(start, _)| start);
     Some((stream_id.parse().ok()?, start_seq.parse().ok()?))
 }
 
@@ -152,6 +156,13 @@ pub struct CompactionCommit {
     /// `(epoch, n)`: chunks numbered below `n` in `epoch` are compacted.
     pub wal_watermarks: Vec<(u64, u64)>,
     pub obsolete_objects: Vec<String>,
+    /// The node committing, if it commits for streams it holds: the commit is refused
+    /// (and changes nothing) once any of that node's leases were taken.
+    pub committed_by: Option<u64>,
+    /// Live streams with records in the compacted chunks that the committing node does
+    /// not serve: the commit is refused if any of them still has its records in that
+    /// node's log (they would be lost with the chunks).
+    pub skipped_streams: Vec<u64>,
 }
 
 #[cfg(test)]
@@ -162,7 +173,7 @@ mod tests {
     fn entry_tables_round_trip_and_corruption_is_caught() {
         let record = SegmentRecord {
             stream_id: 7,
-            key: segment_key(7, 10),
+            key: segment_key(7, 10, 3),
             written_at_ms: 1,
             entries: vec![
                 SegmentEntry {
@@ -192,10 +203,15 @@ mod tests {
         assert!(SegmentRecord::decode_entries("k", &table[..table.len() - 1]).is_err());
         assert!(SegmentRecord::decode_entries("k", &[]).is_err());
         assert_eq!(
-            segment_key(7, 10),
-            "segments/00000000000000000007/00000000000000000010"
+            segment_key(7, 10, 3),
+            "segments/00000000000000000007/00000000000000000010-00000000000000000003"
         );
-        assert_eq!(parse_segment_key(&segment_key(7, 10)), Some((7, 10)));
+        assert_eq!(parse_segment_key(&segment_key(7, 10, 3)), Some((7, 10)));
+        // Keys from before clusters name no writer.
+        assert_eq!(
+            parse_segment_key("segments/00000000000000000007/00000000000000000010"),
+            Some((7, 10))
+        );
         assert_eq!(parse_segment_key("wal/1/2"), None);
     }
 }

@@ -11,8 +11,10 @@ use clap::Parser;
 /// With no flags it serves the S2 API and OTLP on 127.0.0.1:8080 and RESP on
 /// 127.0.0.1:6380, and keeps everything in ./streamgate-data (metadata in SQLite, records
 /// in a local directory); --metadata postgres://… and --objects s3://… move them to
-/// PostgreSQL and S3. Every request needs an access token: the first start creates a
-/// root token and prints it. Every acknowledged append is durable first.
+/// PostgreSQL and S3; every process started with the same PostgreSQL and bucket is a
+/// node of one cluster, and any node serves any request. Every request needs an access
+/// token: the first start creates a root token and prints it. Every acknowledged append
+/// is durable first.
 #[derive(Debug, Parser)]
 #[command(name = "streamgate", version, about, long_about)]
 pub struct Args {
@@ -34,6 +36,18 @@ pub struct Args {
     /// `<data-dir>/root-token` (mode 0600).
     #[arg(long, env = "STREAMGATE_ROOT_TOKEN", hide_env_values = true)]
     pub root_token: Option<String>,
+
+    /// How other nodes of the cluster reach this one (`http://HOST:PORT`), for requests
+    /// they forward to it. Default: derived from --listen (its port once bound; this
+    /// machine's host name when it listens on every address).
+    #[arg(long, env = "STREAMGATE_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+
+    /// Lease time (seconds, at least 1): a node that cannot renew its lease for this
+    /// long stops acknowledging, and other nodes take its streams over. Shorter means
+    /// faster failover and more sensitivity to pauses of the node or PostgreSQL.
+    #[arg(long, env = "STREAMGATE_LEASE_SECS", default_value_t = 10)]
+    pub lease_secs: u64,
 
     /// Directory for the embedded default storage (and anything else kept on disk).
     #[arg(long, env = "STREAMGATE_DATA_DIR", default_value = "./streamgate-data")]

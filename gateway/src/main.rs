@@ -11,7 +11,7 @@ use streamgate_core::storage::local_dir::{open_dir_durably, LocalDirObjectStore}
 use streamgate_core::storage::s3::{S3Location, S3ObjectStore};
 use streamgate_core::storage::sql::SqlMetadataStore;
 use streamgate_core::storage::ObjectStore;
-use streamgate_core::{Engine, EngineSettings, FlushSettings};
+use streamgate_core::{ClusterSettings, Engine, EngineSettings, FlushSettings};
 use tracing_subscriber::EnvFilter;
 
 use cli::{parse_store_url, Args, StoreLocation};
@@ -103,6 +103,34 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 )
             }
         };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        _ => None,
+    };
+    // Bound before the engine starts, so the advertised URL can name the port.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {}; pick another with --listen",
+                args.listen
+            )
+        })?;
+    let addr = listener.local_addr()?;
+    let identity = node_identity(&args.data_dir)?;
+    if matches!(objects_location, StoreLocation::Path(_))
+        && matches!(metadata_location, StoreLocation::Server(_))
+    {
+        refuse_cluster_without_shared_records(&metadata, &identity).await?;
+    }
+    let cluster = ClusterSettings {
+        identity,
+        advertise_url: match &args.advertise_url {
+            Some(url) => url.trim_end_matches('/').to_owned(),
+            None => derived_advertise_url(addr, tls.is_some()),
+        },
+        lease: Duration::from_secs(args.lease_secs.max(1)),
+    };
     let settings = EngineSettings {
         flush: FlushSettings {
             linger: Duration::from_millis(args.flush_linger_ms.unwrap_or(default_linger_ms)),
@@ -117,6 +145,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         reap_interval: Duration::from_secs(args.reap_interval_secs.max(1)),
         compaction_interval: Duration::from_millis(args.compaction_interval_ms.max(10)),
         segment_cache_bytes: args.segment_cache_mib * 1024 * 1024,
+        cluster,
         ..EngineSettings::default()
     };
     let engine = Engine::open(Arc::new(metadata), objects, settings)
@@ -124,19 +153,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .context("recovering streams")?;
     let root_token = root_token(&engine, &args).await?;
 
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
-        _ => None,
-    };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot listen on {}; pick another with --listen",
-                args.listen
-            )
-        })?;
-    let addr = listener.local_addr()?;
     let resp_listener = match args.resp_listen.as_str() {
         "off" | "" => None,
         listen => {
@@ -183,8 +199,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     });
     let app = api::router(engine.clone(), drain);
     let draining = engine.clone();
+    let fenced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fenced_flag = fenced.clone();
     let shutdown = async move {
-        shutdown_signal().await;
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            _ = draining.lease_lost() => {
+                fenced_flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                tracing::error!("fenced: this node's streams were taken over by other nodes while it could not renew its lease; stopping (start it again to rejoin as a new node)");
+            }
+        }
         draining.begin_drain();
         // Sessions see this first: append sessions acknowledge what they accepted and end
         // with `server_draining`, read sessions end.
@@ -205,7 +229,77 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!("draining: waiting for accepted appends to become durable");
     engine.shutdown().await;
     tracing::info!("stopped");
+    if fenced.load(std::sync::atomic::Ordering::SeqCst) {
+        anyhow::bail!(
+            "fenced: other nodes took over this node's streams while it could not renew its \
+             lease; start it again to rejoin the cluster"
+        );
+    }
     Ok(())
+}
+
+/// A node whose records are in a local directory cannot share a cluster: the others
+/// could not read its log to take its streams over.
+async fn refuse_cluster_without_shared_records(
+    metadata: &SqlMetadataStore,
+    identity: &str,
+) -> anyhow::Result<()> {
+    use streamgate_core::storage::MetadataStore;
+    let nodes = metadata
+        .cluster_nodes()
+        .await
+        .context("reading the cluster's nodes")?;
+    // An earlier run of this same node (same data directory) does not count.
+    if let Some(node) = nodes.iter().find(|n| n.live && n.identity != identity) {
+        let url = &node.advertise_url;
+        anyhow::bail!(
+            "another streamgate node ({url}) is live on this PostgreSQL database, but this one \
+             keeps its records in a local directory, which other nodes cannot read: nodes of a \
+             cluster share one bucket; give every node the same --objects s3://…"
+        );
+    }
+    Ok(())
+}
+
+/// This node's identity: kept in `<data-dir>/node-id`, made at the first start. A node
+/// started again with the same data directory ends its earlier run's leases at once.
+fn node_identity(data_dir: &std::path::Path) -> anyhow::Result<String> {
+    let file = data_dir.join("node-id");
+    match std::fs::read_to_string(&file) {
+        Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_owned()),
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+            Err(err).with_context(|| format!("reading {}", file.display()))
+        }
+        _ => {
+            let id = uuid::Uuid::new_v4().to_string();
+            write_private_file(&file, &id)?;
+            Ok(id)
+        }
+    }
+}
+
+/// The URL other nodes reach this one at, from the address it listens on: this
+/// machine's host name when that is every address.
+fn derived_advertise_url(addr: std::net::SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    let host = if addr.ip().is_unspecified() {
+        host_name().unwrap_or_else(|| "127.0.0.1".into())
+    } else {
+        match addr.ip() {
+            std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+            ip => ip.to_string(),
+        }
+    };
+    format!("{scheme}://{host}:{}", addr.port())
+}
+
+fn host_name() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into the buffer it is given.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|b| *b == 0)?;
+    let name = std::str::from_utf8(&buf[..end]).ok()?;
+    (ok && !name.is_empty()).then(|| name.to_owned())
 }
 
 fn print_banner(
@@ -253,6 +347,14 @@ fn print_banner(
         "  compaction:    every {} ms into per-stream segments; lifecycle every {} s",
         settings.compaction_interval.as_millis(),
         settings.reap_interval.as_secs()
+    );
+    let node = engine.node();
+    println!(
+        "  cluster:       node {} at {} (lease {} s); streams served here: {}; view: {endpoint}/cluster",
+        engine.epoch(),
+        node.advertise_url,
+        node.lease.as_secs(),
+        engine.streams_served()
     );
     println!("  operations:    {endpoint}/health (liveness), {endpoint}/ready (readiness: 503 and why while appends cannot be made durable)");
     println!("Point the s2 CLI and SDKs at it:");
@@ -381,7 +483,7 @@ fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     // SAFETY: flock on a file descriptor this function owns; no memory is involved.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         anyhow::bail!(
-            "another streamgate is already using the data directory {}; stop it or choose another --data-dir",
+            "another streamgate is already using the data directory {}; stop it or choose another --data-dir (the embedded default, SQLite and a local directory, is one node; for a cluster, start every node with the same --metadata postgres://… and --objects s3://…, each with a data directory of its own)",
             dir.display()
         );
     }

@@ -2,6 +2,7 @@
 //! directory, stop it gently (SIGTERM) or brutally (SIGKILL), and restart it on the same
 //! data. Used by the black-box tests here and by the compatibility suites.
 
+pub mod cluster;
 pub mod history;
 pub mod linearizability;
 pub mod power_loss_fs;

@@ -285,6 +285,16 @@ pub async fn server_with_metadata_behind_proxy(
     dir: &std::path::Path,
     database: &str,
 ) -> (Proxy, crate::Server) {
+    server_with_metadata_behind_proxy_and_flags(postgres, dir, database, &[]).await
+}
+
+/// Like `server_with_metadata_behind_proxy`, with extra flags for the server.
+pub async fn server_with_metadata_behind_proxy_and_flags(
+    postgres: &str,
+    dir: &std::path::Path,
+    database: &str,
+    flags: &[&str],
+) -> (Proxy, crate::Server) {
     let (credentials, upstream) = postgres
         .trim_start_matches("postgres://")
         .rsplit_once('@')
@@ -301,7 +311,10 @@ pub async fn server_with_metadata_behind_proxy(
             ),
             "--objects",
             objects.to_str().expect("a UTF-8 path"),
-        ],
+        ]
+        .into_iter()
+        .chain(flags.iter().copied())
+        .collect::<Vec<_>>(),
     );
     (proxy, server)
 }

@@ -16,6 +16,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use rand::Rng;
 use serde_json::{json, Value};
+use streamgate_tests::cluster::Cluster;
 use streamgate_tests::linearizability::{
     append, check, records_from, Call, CheckError, HandHistory, Operation, Outcome, Record,
 };
@@ -803,29 +804,76 @@ async fn read_everything(endpoint: &str, recorder: &Recorder) {
     }
 }
 
+/// Where each client sends its requests: the HTTP endpoints and the RESP port of the
+/// nodes it talks to.
+struct Targets {
+    appenders: [String; 2],
+    readers: [String; 2],
+    fencer: String,
+    session: String,
+    resp_port: u16,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rest_session_and_resp_clients_see_one_linearizable_stream_across_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = Server::start(dir.path());
     let endpoint = server.endpoint.clone();
+    let targets = Targets {
+        appenders: [endpoint.clone(), endpoint.clone()],
+        readers: [endpoint.clone(), endpoint.clone()],
+        fencer: endpoint.clone(),
+        session: endpoint.clone(),
+        resp_port: server.resp_port,
+    };
+    record_and_check(targets, |_| server.restart()).await;
+}
+
+/// The same clients spread over the three nodes of a cluster, so that most requests
+/// are forwarded to the node that sequences the stream, while one node after another is
+/// `kill -9`ed and started again: one linearizable stream still.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_spread_over_three_nodes_see_one_linearizable_stream_across_kill_9() {
+    let mut cluster = Cluster::start(3, &["--lease-secs", "2"]);
+    for node in 0..3 {
+        cluster.wait_for_live_nodes(node, 3).await;
+    }
+    let targets = Targets {
+        appenders: [cluster.endpoint(0), cluster.endpoint(1)],
+        readers: [cluster.endpoint(1), cluster.endpoint(2)],
+        fencer: cluster.endpoint(2),
+        session: cluster.endpoint(1),
+        resp_port: cluster.nodes[2].resp_port,
+    };
+    record_and_check(targets, |round| cluster.nodes[round % 3].restart()).await;
+}
+
+/// Runs every kind of client on one stream through `targets`, calling `restart` after
+/// each round but the last, then checks the whole history is linearizable.
+async fn record_and_check(targets: Targets, mut restart: impl FnMut(usize)) {
+    let endpoint = targets.fencer.clone();
     streamgate_tests::create_streams(&endpoint, BASIN, &[STREAM]).await;
     let recorder = Arc::new(Recorder::default());
     let mut clients = Vec::new();
     for id in 0..2 {
         clients.push(tokio::spawn(rest_appender(
-            endpoint.clone(),
+            targets.appenders[id].clone(),
             id,
             recorder.clone(),
         )));
-        clients.push(tokio::spawn(reader(endpoint.clone(), id, recorder.clone())));
+        clients.push(tokio::spawn(reader(
+            targets.readers[id].clone(),
+            id,
+            recorder.clone(),
+        )));
     }
     clients.push(tokio::spawn(fencer(endpoint.clone(), recorder.clone())));
     clients.push(tokio::spawn(session_appender(
-        endpoint.clone(),
+        targets.session.clone(),
         recorder.clone(),
     )));
     clients.push(tokio::spawn(resp_appender(
-        server.resp_port,
+        targets.resp_port,
         recorder.clone(),
     )));
 
@@ -855,7 +903,7 @@ async fn rest_session_and_resp_clients_see_one_linearizable_stream_across_kill_9
         }
         before = now;
         if round < KILLS {
-            tokio::task::block_in_place(|| server.restart());
+            tokio::task::block_in_place(|| restart(round));
         }
     }
     recorder.stop.store(true, Ordering::Relaxed);

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use s2_sdk::types::*;
 use s2_sdk::{S2Stream, S2};
-use streamgate_compat::Server;
+use streamgate_compat::{percentile, Server};
 
 #[derive(Parser)]
 struct Args {
@@ -77,13 +77,6 @@ async fn timed_read(stream: &S2Stream, end: u64, what: &str) {
         bytes as f64 / (1 << 20) as f64 / secs,
         summary(latencies)
     );
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn summary(mut latencies: Vec<Duration>) -> String {

@@ -16,11 +16,12 @@
 //! `.venv-compat` (scripts/test.sh creates it). PostgreSQL: `STREAMGATE_TEST_POSTGRES`
 //! (default the local server). A missing service is reported and the program exits 1.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use serde_json::json;
+use streamgate_compat::services::{postgres_answers, s3_endpoint};
 use streamgate_tests::proxy::{
     server_with_metadata_behind_proxy, server_with_objects_behind_proxy, Mode,
 };
@@ -55,12 +56,7 @@ async fn main() {
         }
     };
     let postgres = streamgate_tests::backends::postgres_server();
-    let reachable = Command::new("psql")
-        .arg(format!("{postgres}/postgres"))
-        .args(["-qAtc", "select 1"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !reachable {
+    if !postgres_answers(&postgres) {
         eprintln!("hardening_bench: PostgreSQL does not answer at {postgres}; set STREAMGATE_TEST_POSTGRES");
         std::process::exit(1);
     }
@@ -90,47 +86,6 @@ async fn main() {
     }
     println!("== append latency (one client, 1 record per append) under a flood of bad tokens");
     auth_flood(&args).await;
-}
-
-/// The S3 endpoint to use, and the moto process started for it, if any.
-fn s3_endpoint() -> Result<(String, Option<KillOnDrop>), String> {
-    if let Ok(endpoint) = std::env::var("STREAMGATE_TEST_S3_ENDPOINT") {
-        return Ok((endpoint, None));
-    }
-    let moto = std::path::Path::new(".venv-compat/bin/moto_server");
-    if !moto.exists() {
-        return Err("no S3 server: set STREAMGATE_TEST_S3_ENDPOINT or create .venv-compat (scripts/test.sh)".into());
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port();
-    let child = Command::new(moto)
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting moto: {e}"))?;
-    let endpoint = format!("http://127.0.0.1:{port}");
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            std::env::set_var("AWS_ACCESS_KEY_ID", "test");
-            std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
-            std::env::set_var("AWS_REGION", "us-east-1");
-            return Ok((endpoint, Some(KillOnDrop(child))));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Err("moto did not start".into())
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn append_request(client: &reqwest::Client, endpoint: &str, body: &str) -> reqwest::RequestBuilder {

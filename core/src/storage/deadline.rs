@@ -14,6 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use time::OffsetDateTime;
 
+use super::cluster::{NodeRecord, OrphanedStream, StreamChange, StreamClaim, StreamOwner};
 use super::metadata::{BasinRecord, Created, ListPage, ListRange, MetadataStore, StreamRecord};
 use crate::access::AccessTokenInfo;
 use crate::config::{BasinConfig, StreamConfig};
@@ -186,6 +187,82 @@ impl MetadataStore for Deadlines {
         metadata_call(REQUEST_DEADLINE, "taking an epoch", self.store.next_epoch()).await
     }
 
+    async fn join_cluster(
+        &self,
+        epoch: u64,
+        identity: &str,
+        advertise_url: &str,
+        lease_ms: u64,
+    ) -> Result<()> {
+        let call = self
+            .store
+            .join_cluster(epoch, identity, advertise_url, lease_ms);
+        metadata_call(REQUEST_DEADLINE, "joining the cluster", call).await
+    }
+
+    async fn renew_lease(&self, epoch: u64, lease_ms: u64) -> Result<bool> {
+        // Well inside the lease: a renewal that takes longer is useless anyway.
+        let deadline =
+            Duration::from_millis(lease_ms / 4).clamp(Duration::from_millis(100), REQUEST_DEADLINE);
+        let call = self.store.renew_lease(epoch, lease_ms);
+        metadata_call(deadline, "renewing the node's lease", call).await
+    }
+
+    async fn leave_cluster(&self, epoch: u64) -> Result<()> {
+        let call = self.store.leave_cluster(epoch);
+        metadata_call(REQUEST_DEADLINE, "leaving the cluster", call).await
+    }
+
+    async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>> {
+        let call = self.store.cluster_nodes();
+        metadata_call(REQUEST_DEADLINE, "listing the nodes", call).await
+    }
+
+    async fn live_nodes(&self) -> Result<Vec<(u64, String)>> {
+        let call = self.store.live_nodes();
+        metadata_call(REQUEST_DEADLINE, "listing the live nodes", call).await
+    }
+
+    async fn stream_owner(&self, stream_id: u64) -> Result<StreamOwner> {
+        let call = self.store.stream_owner(stream_id);
+        metadata_call(REQUEST_DEADLINE, "looking up a stream's owner", call).await
+    }
+
+    async fn claim_streams(&self, epoch: u64, stream_ids: &[u64]) -> Result<Vec<StreamClaim>> {
+        let call = self.store.claim_streams(epoch, stream_ids);
+        metadata_call(BULK_DEADLINE, "taking stream leases", call).await
+    }
+
+    async fn commit_takeover(&self, epoch: u64, claims: &[(u64, u64)]) -> Result<()> {
+        let call = self.store.commit_takeover(epoch, claims);
+        metadata_call(BULK_DEADLINE, "committing a takeover", call).await
+    }
+
+    async fn orphaned_streams(&self, limit: usize) -> Result<Vec<OrphanedStream>> {
+        let call = self.store.orphaned_streams(limit);
+        metadata_call(BULK_DEADLINE, "listing streams without an owner", call).await
+    }
+
+    async fn stream_changes(&self, epoch: u64, since_ms: i64) -> Result<(Vec<StreamChange>, i64)> {
+        let call = self.store.stream_changes(epoch, since_ms);
+        metadata_call(REQUEST_DEADLINE, "reading stream changes", call).await
+    }
+
+    async fn dead_logs(&self, dead_for_ms: u64) -> Result<Vec<u64>> {
+        let call = self.store.dead_logs(dead_for_ms);
+        metadata_call(REQUEST_DEADLINE, "listing logs of gone nodes", call).await
+    }
+
+    async fn legacy_logs_needed(&self) -> Result<bool> {
+        let call = self.store.legacy_logs_needed();
+        metadata_call(REQUEST_DEADLINE, "looking for streams in old logs", call).await
+    }
+
+    async fn forget_node(&self, epoch: u64) -> Result<()> {
+        let call = self.store.forget_node(epoch);
+        metadata_call(REQUEST_DEADLINE, "forgetting a gone node", call).await
+    }
+
     async fn commit_compaction(
         &self,
         commit: &CompactionCommit,
@@ -198,6 +275,11 @@ impl MetadataStore for Deadlines {
     async fn stream_checkpoints(&self) -> Result<BTreeMap<u64, StreamCheckpoint>> {
         let call = self.store.stream_checkpoints();
         metadata_call(BULK_DEADLINE, "reading stream checkpoints", call).await
+    }
+
+    async fn stream_checkpoint(&self, stream_id: u64) -> Result<Option<StreamCheckpoint>> {
+        let call = self.store.stream_checkpoint(stream_id);
+        metadata_call(REQUEST_DEADLINE, "reading a stream's checkpoint", call).await
     }
 
     async fn wal_watermarks(&self) -> Result<BTreeMap<u64, u64>> {

@@ -6,6 +6,7 @@ use time::OffsetDateTime;
 
 use std::collections::BTreeMap;
 
+use super::cluster::{NodeRecord, OrphanedStream, StreamChange, StreamClaim, StreamOwner};
 use crate::access::AccessTokenInfo;
 use crate::config::{BasinConfig, StreamConfig};
 use crate::error::Result;
@@ -103,6 +104,52 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// process start takes one, and names its write-ahead log after it.
     async fn next_epoch(&self) -> Result<u64>;
 
+    // ---- the cluster (see `cluster`) ----
+
+    /// Adds this node (`epoch`, from [`MetadataStore::next_epoch`]) with a lease of
+    /// `lease_ms` from now, and ends the leases of earlier runs of the same `identity`
+    /// (they are known to be gone: one data directory serves one process at a time).
+    async fn join_cluster(
+        &self,
+        epoch: u64,
+        identity: &str,
+        advertise_url: &str,
+        lease_ms: u64,
+    ) -> Result<()>;
+    /// Renews this node's lease (and with it every stream lease it holds) to `lease_ms`
+    /// from now, in one statement; `false` if any of its streams were taken meanwhile
+    /// (or the node is unknown): it must stop, for its leases are gone.
+    async fn renew_lease(&self, epoch: u64, lease_ms: u64) -> Result<bool>;
+    /// Ends this node's lease now, so others take its streams without waiting for it to
+    /// run out: the last step of a shutdown, once nothing more is written.
+    async fn leave_cluster(&self, epoch: u64) -> Result<()>;
+    /// Every node known, in epoch order.
+    async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>>;
+    /// The nodes whose lease holds now, in epoch order, with their advertised URLs.
+    async fn live_nodes(&self) -> Result<Vec<(u64, String)>>;
+    /// Who sequences a stream now.
+    async fn stream_owner(&self, stream_id: u64) -> Result<StreamOwner>;
+    /// Takes the leases of those of `stream_ids` that are live and have no live owner,
+    /// for node `epoch` (whose own lease must hold and be intact), with a lease epoch one
+    /// above the last; what it took. Streams another live node holds are left alone.
+    async fn claim_streams(&self, epoch: u64, stream_ids: &[u64]) -> Result<Vec<StreamClaim>>;
+    /// Records that node `epoch` has rebuilt these streams (`(stream id, lease epoch)`)
+    /// into its own log: from now on their records after the checkpoint are there.
+    async fn commit_takeover(&self, epoch: u64, claims: &[(u64, u64)]) -> Result<()>;
+    /// Up to `limit` live streams whose owner's lease ran out, or that were written
+    /// before clusters and never taken since.
+    async fn orphaned_streams(&self, limit: usize) -> Result<Vec<OrphanedStream>>;
+    /// Changes to the configuration or deletion of the streams node `epoch` holds, made
+    /// at or after `since_ms` (by the store's clock), and the store's clock now.
+    async fn stream_changes(&self, epoch: u64, since_ms: i64) -> Result<(Vec<StreamChange>, i64)>;
+    /// Nodes whose lease ran out over `dead_for_ms` ago and whose log no stream needs
+    /// any more: their WAL chunks can go, and then the node itself.
+    async fn dead_logs(&self, dead_for_ms: u64) -> Result<Vec<u64>>;
+    /// Whether any stream still has records only in logs from before clusters.
+    async fn legacy_logs_needed(&self) -> Result<bool>;
+    /// Forgets a node whose log is gone, and its WAL watermark.
+    async fn forget_node(&self, epoch: u64) -> Result<()>;
+
     /// Commits a compaction round atomically (see [`CompactionCommit`]). Segments of
     /// streams that are gone or being deleted by now are not indexed: their objects are
     /// recorded as obsolete instead. Obsolete objects may be deleted from `obsolete_after`.
@@ -113,6 +160,8 @@ pub trait MetadataStore: Send + Sync + 'static {
     ) -> Result<()>;
     /// Every stream's checkpoint, by stream id.
     async fn stream_checkpoints(&self) -> Result<BTreeMap<u64, StreamCheckpoint>>;
+    /// One stream's checkpoint.
+    async fn stream_checkpoint(&self, stream_id: u64) -> Result<Option<StreamCheckpoint>>;
     /// Per epoch, the number of the first WAL chunk that is not compacted.
     async fn wal_watermarks(&self) -> Result<BTreeMap<u64, u64>>;
     /// The first segment of a stream that holds records at or after `seq_num`.
@@ -320,6 +369,8 @@ pub(crate) async fn conformance(store: &dyn MetadataStore) {
     let first = store.next_epoch().await.unwrap();
     assert!(store.next_epoch().await.unwrap() > first);
 
+    cluster_conformance(store, &one).await;
+
     // Access tokens: stored with their digest, found by it, listed, replaced, deleted.
     let token = |id: &str| AccessTokenInfo {
         id: id.into(),
@@ -385,6 +436,180 @@ pub(crate) async fn conformance(store: &dyn MetadataStore) {
         .is_none());
 }
 
+/// Nodes, leases, claims and fencing; `basin` is an existing basin.
+#[cfg(test)]
+async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
+    use super::cluster::{StreamLog, StreamOwner};
+    use crate::error::Error;
+
+    let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
+    let mut ids = Vec::new();
+    for name in ["leased/1", "leased/2", "leased/3"] {
+        let record = StreamRecord {
+            id: 0,
+            basin: basin.clone(),
+            name: StreamName::new(name).unwrap(),
+            config: StreamConfig::default(),
+            created_at: now,
+            deleted_at: None,
+            idempotency_key: None,
+        };
+        let Created::New(record) = store.create_stream(record).await.unwrap() else {
+            panic!("expected a new stream")
+        };
+        ids.push(record.id);
+    }
+    let minute = 60_000;
+    let a = store.next_epoch().await.unwrap();
+    let b = store.next_epoch().await.unwrap();
+    store
+        .join_cluster(a, "node-a", "http://a", minute)
+        .await
+        .unwrap();
+    store
+        .join_cluster(b, "node-b", "http://b", minute)
+        .await
+        .unwrap();
+    let live: Vec<u64> = store
+        .live_nodes()
+        .await
+        .unwrap()
+        .iter()
+        .map(|n| n.0)
+        .collect();
+    assert_eq!(live, [a, b]);
+    assert_eq!(
+        store.stream_owner(ids[0]).await.unwrap(),
+        StreamOwner::Nobody
+    );
+
+    // A new stream is claimed with lease epoch 1 and no log yet; a live owner keeps it.
+    let claims = store.claim_streams(a, &ids[..2]).await.unwrap();
+    assert_eq!(claims.len(), 2);
+    assert!(claims
+        .iter()
+        .all(|c| c.lease_epoch == 1 && c.log == StreamLog::Nowhere));
+    assert!(store.claim_streams(b, &ids[..2]).await.unwrap().is_empty());
+    assert_eq!(
+        store.stream_owner(ids[0]).await.unwrap(),
+        StreamOwner::Live {
+            epoch: a,
+            advertise_url: "http://a".into()
+        }
+    );
+    store
+        .commit_takeover(a, &[(ids[0], 1), (ids[1], 1)])
+        .await
+        .unwrap();
+    assert!(store.renew_lease(a, minute).await.unwrap());
+
+    // Node a's lease runs out (renewed to last 0 ms): b takes a stream, with a higher
+    // lease epoch and a's log to rebuild from; from then on a can neither renew nor
+    // commit anything, and its streams are orphans until taken.
+    assert!(store.renew_lease(a, 0).await.unwrap());
+    assert!(matches!(
+        store.stream_owner(ids[0]).await.unwrap(),
+        StreamOwner::Lapsed { epoch } if epoch == a
+    ));
+    let orphans = store.orphaned_streams(10).await.unwrap();
+    let orphan_ids: Vec<u64> = orphans.iter().map(|o| o.stream.id).collect();
+    assert_eq!(orphan_ids, &ids[..2]);
+    assert_eq!(orphans[0].previous_identity.as_deref(), Some("node-a"));
+    let taken = store.claim_streams(b, &ids[..1]).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(
+        (taken[0].lease_epoch, taken[0].log),
+        (2, StreamLog::Epoch(a))
+    );
+    assert!(
+        !store.renew_lease(a, minute).await.unwrap(),
+        "a lost a lease"
+    );
+    assert!(matches!(
+        store.commit_takeover(a, &[(ids[2], 1)]).await,
+        Err(Error::LeaseLost)
+    ));
+    let fenced = CompactionCommit {
+        committed_by: Some(a),
+        ..Default::default()
+    };
+    assert!(matches!(
+        store.commit_compaction(&fenced, now).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(
+        store.claim_streams(a, &ids[2..]).await,
+        Err(Error::LeaseLost)
+    ));
+    // A takeover commit only holds for the lease epoch that claimed.
+    store.commit_takeover(b, &[(ids[0], 1)]).await.unwrap();
+    store.commit_takeover(b, &[(ids[0], 2)]).await.unwrap();
+    let c = store.next_epoch().await.unwrap();
+    store
+        .join_cluster(c, "node-c", "http://c", minute)
+        .await
+        .unwrap();
+    store.renew_lease(b, 0).await.unwrap();
+    let again = store.claim_streams(c, &ids[..1]).await.unwrap();
+    assert_eq!(
+        (again[0].lease_epoch, again[0].log),
+        (3, StreamLog::Epoch(b))
+    );
+
+    // b's log is still needed by none once c commits; a's still by ids[1].
+    store.commit_takeover(c, &[(ids[0], 3)]).await.unwrap();
+    assert_eq!(store.dead_logs(0).await.unwrap(), [b]);
+    let skipped = CompactionCommit {
+        committed_by: Some(c),
+        skipped_streams: vec![ids[0]],
+        ..Default::default()
+    };
+    assert!(
+        store.commit_compaction(&skipped, now).await.is_err(),
+        "its records are in c's log"
+    );
+
+    // Changes to the streams a node holds are seen by it.
+    let (_, clock) = store.stream_changes(c, 0).await.unwrap();
+    store
+        .set_stream_config(ids[0], &StreamConfig::default())
+        .await
+        .unwrap();
+    store.mark_stream_deleted(ids[1], now).await.unwrap();
+    let (changes, _) = store.stream_changes(c, clock - 1000).await.unwrap();
+    assert_eq!(
+        changes
+            .iter()
+            .map(|c| (c.id, c.deleted))
+            .collect::<Vec<_>>(),
+        [(ids[0], false)]
+    );
+
+    // A node started again under the same identity ends its earlier run's lease.
+    let c2 = store.next_epoch().await.unwrap();
+    store
+        .join_cluster(c2, "node-c", "http://c", minute)
+        .await
+        .unwrap();
+    let nodes = store.cluster_nodes().await.unwrap();
+    let view = |epoch: u64| nodes.iter().find(|n| n.epoch == epoch).unwrap().clone();
+    assert!(!view(c).live && view(c2).live);
+    assert_eq!(view(c).streams_owned, 1);
+    store.forget_node(b).await.unwrap();
+    assert!(store
+        .cluster_nodes()
+        .await
+        .unwrap()
+        .iter()
+        .all(|n| n.epoch != b));
+    for id in ids {
+        store.remove_stream(id).await.unwrap();
+    }
+    for epoch in [a, c, c2] {
+        store.forget_node(epoch).await.unwrap();
+    }
+}
+
 /// Segments, checkpoints, watermarks and obsolete objects; `live` is a live stream's id.
 #[cfg(test)]
 async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
@@ -395,7 +620,7 @@ async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
     // Written at `last_timestamp` too, so the test's times line up.
     let segment = |stream_id: u64, start: u64, end: u64, last_timestamp: u64| SegmentRecord {
         stream_id,
-        key: segment_key(stream_id, start),
+        key: segment_key(stream_id, start, 1),
         written_at_ms: last_timestamp,
         entries: vec![
             SegmentEntry {
@@ -432,6 +657,7 @@ async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
         checkpoints: vec![(live, checkpoint(30)), (gone, checkpoint(5))],
         wal_watermarks: vec![(1, 4), (2, 7)],
         obsolete_objects: vec!["wal/1/0".into(), "wal/1/1".into()],
+        ..Default::default()
     };
     store.commit_compaction(&commit, now).await.unwrap();
     let checkpoints = store.stream_checkpoints().await.unwrap();
@@ -505,7 +731,7 @@ async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
     assert_eq!(
         obsolete,
         [
-            "segments/00000000000000999999/00000000000000000000",
+            "segments/00000000000000999999/00000000000000000000-00000000000000000001",
             "wal/1/0",
             "wal/1/1"
         ]
@@ -554,6 +780,6 @@ async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
             .obsolete_objects(OffsetDateTime::now_utc(), 10)
             .await
             .unwrap(),
-        [segment_key(live, 30)]
+        [segment_key(live, 30, 1)]
     );
 }

@@ -16,6 +16,9 @@ use crate::access::AccessTokenInfo;
 use crate::error::{Error, Resource, Result};
 use crate::names::{BasinName, StreamName};
 use crate::segment::{CompactionCommit, SegmentRecord, StreamCheckpoint};
+use crate::storage::cluster::{NodeRecord, OrphanedStream, StreamChange, StreamClaim, StreamOwner};
+
+mod cluster;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dialect {
@@ -90,6 +93,31 @@ CREATE TABLE obsolete_objects (
     deletable_at_ms {int} NOT NULL
 );
 "#,
+    // The cluster: nodes with their leases, and who sequences each stream. Streams that
+    // exist already were written by one process before clusters: their records are in
+    // the logs of epochs without a node (`log_epoch` -1).
+    r#"
+CREATE TABLE nodes (
+    epoch            {int} PRIMARY KEY,
+    identity         TEXT NOT NULL,
+    advertise_url    TEXT NOT NULL,
+    started_at_ms    {int} NOT NULL,
+    heartbeat_at_ms  {int} NOT NULL,
+    lease_expires_ms {int} NOT NULL,
+    leases_lost      {int} NOT NULL
+);
+CREATE TABLE stream_leases (
+    stream_id   {int} PRIMARY KEY,
+    owner       {int} NOT NULL,
+    lease_epoch {int} NOT NULL,
+    log_epoch   {int} NOT NULL
+);
+CREATE INDEX stream_leases_by_owner ON stream_leases (owner);
+CREATE INDEX stream_leases_by_log ON stream_leases (log_epoch);
+INSERT INTO stream_leases (stream_id, owner, lease_epoch, log_epoch) SELECT id, 0, 0, -1 FROM streams;
+ALTER TABLE streams ADD COLUMN changed_at_ms {int} NOT NULL DEFAULT 0;
+CREATE INDEX streams_by_change ON streams (changed_at_ms);
+"#,
 ];
 
 impl Dialect {
@@ -118,6 +146,11 @@ impl Dialect {
     }
 }
 
+/// How long PostgreSQL keeps a session that stopped talking inside a transaction:
+/// every write transaction holds the cluster's write lock, and a node partitioned away
+/// in the middle of one must not keep it from the others for long.
+const IDLE_IN_TRANSACTION_TIMEOUT: &str = "SET idle_in_transaction_session_timeout = 5000";
+
 /// The key of the PostgreSQL advisory lock every write transaction takes: writers are
 /// serialized as on SQLite, so check-then-insert needs no retry loop (metadata writes
 /// are rare: creates, reconfigurations, deletions).
@@ -125,6 +158,9 @@ const WRITE_LOCK_KEY: i64 = 0x5354_5247_4154_4531;
 
 pub struct SqlMetadataStore {
     pool: AnyPool,
+    /// Connections of their own for lease renewals, so that a renewal never waits
+    /// behind other work for a connection (the same pool on SQLite).
+    lease_pool: AnyPool,
     dialect: Dialect,
 }
 
@@ -147,27 +183,38 @@ impl SqlMetadataStore {
             .connect(&url)
             .await
             .map_err(|e| Error::storage_caused(format!("opening {}", path.display()), e))?;
-        Self::ready(pool, Dialect::Sqlite).await
+        Self::ready(pool.clone(), pool, Dialect::Sqlite).await
     }
 
     /// PostgreSQL at `url` (`postgres://user:password@host:port/database`). A database
     /// that does not exist yet is created (the role needs `CREATEDB` for that).
     pub async fn connect_postgres(url: &str) -> Result<Self> {
         sqlx::any::install_default_drivers();
-        let pool = match Self::postgres_pool(url).await {
+        let pool = match Self::postgres_pool(url, 8).await {
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("3D000") => {
                 create_postgres_database(url).await?;
-                Self::postgres_pool(url).await
+                Self::postgres_pool(url, 8).await
             }
             other => other,
         }
         .map_err(|e| Error::storage_caused("connecting to PostgreSQL", e))?;
-        Self::ready(pool, Dialect::Postgres).await
+        let lease_pool = Self::postgres_pool(url, 2)
+            .await
+            .map_err(|e| Error::storage_caused("connecting to PostgreSQL", e))?;
+        Self::ready(pool, lease_pool, Dialect::Postgres).await
     }
 
-    async fn postgres_pool(url: &str) -> std::result::Result<AnyPool, sqlx::Error> {
+    async fn postgres_pool(
+        url: &str,
+        connections: u32,
+    ) -> std::result::Result<AnyPool, sqlx::Error> {
         AnyPoolOptions::new()
-            .max_connections(8)
+            .max_connections(connections)
+            // A node cut off in the middle of a write transaction must not hold the
+            // write lock for the whole cluster: the server ends such a session soon.
+            .after_connect(|conn, _| {
+                Box::pin(async move { conn.execute(IDLE_IN_TRANSACTION_TIMEOUT).await.map(|_| ()) })
+            })
             // A connection the server closed (restart, failover) is noticed and replaced
             // before use, so the server rides out a database restart on its own.
             .test_before_acquire(true)
@@ -176,8 +223,12 @@ impl SqlMetadataStore {
             .await
     }
 
-    async fn ready(pool: AnyPool, dialect: Dialect) -> Result<Self> {
-        let store = Self { pool, dialect };
+    async fn ready(pool: AnyPool, lease_pool: AnyPool, dialect: Dialect) -> Result<Self> {
+        let store = Self {
+            pool,
+            lease_pool,
+            dialect,
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -452,6 +503,19 @@ fn stream_from_row(row: &AnyRow) -> Result<StreamRecord> {
     })
 }
 
+const CHECKPOINT_COLUMNS: &str = "stream_id, next_seq, last_timestamp, fencing_token, trim_point";
+
+fn checkpoint_from_row(row: &AnyRow) -> Result<(u64, StreamCheckpoint)> {
+    let checkpoint = StreamCheckpoint {
+        next_seq: row.get::<i64, _>("next_seq") as u64,
+        last_timestamp: row.get::<i64, _>("last_timestamp") as u64,
+        fencing_token: String::from_utf8(row.get("fencing_token"))
+            .map_err(|_| Error::storage("a stored fencing token is not UTF-8"))?,
+        trim_point: row.get::<i64, _>("trim_point") as u64,
+    };
+    Ok((row.get::<i64, _>("stream_id") as u64, checkpoint))
+}
+
 const BASIN_COLUMNS: &str = "name, location, config, created_at_ms, deleted_at_ms, idempotency_key";
 const STREAM_COLUMNS: &str =
     "id, basin, name, config, created_at_ms, deleted_at_ms, idempotency_key";
@@ -531,9 +595,10 @@ impl MetadataStore for SqlMetadataStore {
         .execute(&mut *tx)
         .await
         .map_err(db)?;
-        sqlx::query(
-            "UPDATE streams SET deleted_at_ms = $1 WHERE basin = $2 AND deleted_at_ms IS NULL",
-        )
+        sqlx::query(&format!(
+            "UPDATE streams SET deleted_at_ms = $1, changed_at_ms = {} WHERE basin = $2 AND deleted_at_ms IS NULL",
+            self.dialect.now_ms()
+        ))
         .bind(to_ms(at))
         .bind(name.as_str())
         .execute(&mut *tx)
@@ -599,6 +664,13 @@ impl MetadataStore for SqlMetadataStore {
         .fetch_one(&mut *tx)
         .await
         .map_err(db)?;
+        sqlx::query(
+            "INSERT INTO stream_leases (stream_id, owner, lease_epoch, log_epoch) VALUES ($1, 0, 0, 0)",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
         tx.commit().await.map_err(db)?;
         Ok(Created::New(StreamRecord {
             id: id as u64,
@@ -636,19 +708,23 @@ impl MetadataStore for SqlMetadataStore {
     }
 
     async fn set_stream_config(&self, id: u64, config: &crate::config::StreamConfig) -> Result<()> {
-        sqlx::query("UPDATE streams SET config = $1 WHERE id = $2")
-            .bind(json(config))
-            .bind(id as i64)
-            .execute(&self.pool)
-            .await
-            .map_err(db)?;
+        sqlx::query(&format!(
+            "UPDATE streams SET config = $1, changed_at_ms = {} WHERE id = $2",
+            self.dialect.now_ms()
+        ))
+        .bind(json(config))
+        .bind(id as i64)
+        .execute(&self.pool)
+        .await
+        .map_err(db)?;
         Ok(())
     }
 
     async fn mark_stream_deleted(&self, id: u64, at: OffsetDateTime) -> Result<()> {
-        sqlx::query(
-            "UPDATE streams SET deleted_at_ms = $1 WHERE id = $2 AND deleted_at_ms IS NULL",
-        )
+        sqlx::query(&format!(
+            "UPDATE streams SET deleted_at_ms = $1, changed_at_ms = {} WHERE id = $2 AND deleted_at_ms IS NULL",
+            self.dialect.now_ms()
+        ))
         .bind(to_ms(at))
         .bind(id as i64)
         .execute(&self.pool)
@@ -660,7 +736,11 @@ impl MetadataStore for SqlMetadataStore {
     async fn remove_stream(&self, id: u64) -> Result<()> {
         let mut tx = self.write_transaction().await?;
         retire_segments(&mut tx, id, i64::MAX, OffsetDateTime::now_utc()).await?;
-        for table in ["stream_checkpoints WHERE stream_id", "streams WHERE id"] {
+        for table in [
+            "stream_checkpoints WHERE stream_id",
+            "stream_leases WHERE stream_id",
+            "streams WHERE id",
+        ] {
             sqlx::query(&format!("DELETE FROM {table} = $1"))
                 .bind(id as i64)
                 .execute(&mut *tx)
@@ -723,12 +803,90 @@ impl MetadataStore for SqlMetadataStore {
         Ok(epoch as u64)
     }
 
+    async fn join_cluster(
+        &self,
+        epoch: u64,
+        identity: &str,
+        advertise_url: &str,
+        lease_ms: u64,
+    ) -> Result<()> {
+        self.cluster_join(epoch, identity, advertise_url, lease_ms)
+            .await
+    }
+
+    async fn renew_lease(&self, epoch: u64, lease_ms: u64) -> Result<bool> {
+        self.cluster_renew(epoch, lease_ms).await
+    }
+
+    async fn leave_cluster(&self, epoch: u64) -> Result<()> {
+        self.cluster_leave(epoch).await
+    }
+
+    async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>> {
+        SqlMetadataStore::cluster_nodes(self).await
+    }
+
+    async fn live_nodes(&self) -> Result<Vec<(u64, String)>> {
+        self.cluster_live_nodes().await
+    }
+
+    async fn stream_owner(&self, stream_id: u64) -> Result<StreamOwner> {
+        self.cluster_stream_owner(stream_id).await
+    }
+
+    async fn claim_streams(&self, epoch: u64, stream_ids: &[u64]) -> Result<Vec<StreamClaim>> {
+        self.cluster_claim(epoch, stream_ids).await
+    }
+
+    async fn commit_takeover(&self, epoch: u64, claims: &[(u64, u64)]) -> Result<()> {
+        self.cluster_commit_takeover(epoch, claims).await
+    }
+
+    async fn orphaned_streams(&self, limit: usize) -> Result<Vec<OrphanedStream>> {
+        self.cluster_orphans(limit).await
+    }
+
+    async fn stream_changes(&self, epoch: u64, since_ms: i64) -> Result<(Vec<StreamChange>, i64)> {
+        self.cluster_stream_changes(epoch, since_ms).await
+    }
+
+    async fn dead_logs(&self, dead_for_ms: u64) -> Result<Vec<u64>> {
+        self.cluster_dead_logs(dead_for_ms).await
+    }
+
+    async fn legacy_logs_needed(&self) -> Result<bool> {
+        self.cluster_legacy_logs_needed().await
+    }
+
+    async fn forget_node(&self, epoch: u64) -> Result<()> {
+        self.cluster_forget_node(epoch).await
+    }
+
     async fn commit_compaction(
         &self,
         commit: &CompactionCommit,
         obsolete_after: OffsetDateTime,
     ) -> Result<()> {
         let mut tx = self.write_transaction().await?;
+        if let Some(node) = commit.committed_by {
+            self.check_intact(&mut tx, node).await?;
+            for id in &commit.skipped_streams {
+                let log: Option<i64> = sqlx::query_scalar(
+                    "SELECT l.log_epoch FROM stream_leases l JOIN streams s ON s.id = l.stream_id \
+                     WHERE l.stream_id = $1 AND s.deleted_at_ms IS NULL",
+                )
+                .bind(*id as i64)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+                if log == Some(node as i64) {
+                    return Err(Error::storage(format!(
+                        "stream {id} has records in this node's log but is not served here; \
+                         compaction stops so they are kept"
+                    )));
+                }
+            }
+        }
         let mut live = std::collections::HashMap::new();
         let ids = commit.segments.iter().map(|s| s.stream_id);
         for id in ids.chain(commit.checkpoints.iter().map(|(id, _)| *id)) {
@@ -802,24 +960,26 @@ impl MetadataStore for SqlMetadataStore {
     }
 
     async fn stream_checkpoints(&self) -> Result<BTreeMap<u64, StreamCheckpoint>> {
-        let rows = sqlx::query(
-            "SELECT stream_id, next_seq, last_timestamp, fencing_token, trim_point FROM stream_checkpoints",
-        )
+        let rows = sqlx::query(&format!(
+            "SELECT {CHECKPOINT_COLUMNS} FROM stream_checkpoints"
+        ))
         .fetch_all(&self.pool)
         .await
         .map_err(db)?;
-        rows.iter()
-            .map(|row| {
-                let checkpoint = StreamCheckpoint {
-                    next_seq: row.get::<i64, _>("next_seq") as u64,
-                    last_timestamp: row.get::<i64, _>("last_timestamp") as u64,
-                    fencing_token: String::from_utf8(row.get("fencing_token"))
-                        .map_err(|_| Error::storage("a stored fencing token is not UTF-8"))?,
-                    trim_point: row.get::<i64, _>("trim_point") as u64,
-                };
-                Ok((row.get::<i64, _>("stream_id") as u64, checkpoint))
-            })
-            .collect()
+        rows.iter().map(checkpoint_from_row).collect()
+    }
+
+    async fn stream_checkpoint(&self, stream_id: u64) -> Result<Option<StreamCheckpoint>> {
+        let row = sqlx::query(&format!(
+            "SELECT {CHECKPOINT_COLUMNS} FROM stream_checkpoints WHERE stream_id = $1"
+        ))
+        .bind(stream_id as i64)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db)?;
+        row.as_ref()
+            .map(|row| checkpoint_from_row(row).map(|(_, c)| c))
+            .transpose()
     }
 
     async fn wal_watermarks(&self) -> Result<BTreeMap<u64, u64>> {

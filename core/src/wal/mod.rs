@@ -53,9 +53,17 @@ impl EntrySpan {
         self.offset..self.offset + self.len
     }
 
-    /// The entry's bytes, cut out of the whole object that holds it.
-    pub fn cut(&self, object: &Bytes) -> Bytes {
-        object.slice(self.offset as usize..(self.offset + self.len) as usize)
+    /// The entry's bytes, cut out of the whole object `key` that holds it; an error if
+    /// the object is too short for it (damaged, or not the object the span is for).
+    pub fn cut(&self, key: &str, object: &Bytes) -> Result<Bytes> {
+        let end = self
+            .offset
+            .checked_add(self.len)
+            .filter(|end| *end <= object.len() as u64);
+        match end {
+            Some(end) => Ok(object.slice(self.offset as usize..end as usize)),
+            None => Err(corrupt(key, "an entry runs past the end of its object")),
+        }
     }
 }
 
@@ -272,7 +280,7 @@ mod tests {
         assert_eq!(entries.iter().map(|e| e.span).collect::<Vec<_>>(), spans);
 
         let span = spans[1];
-        let (id, records) = decode_entry("c", span.cut(&chunk)).unwrap();
+        let (id, records) = decode_entry("c", span.cut("c", &chunk).unwrap()).unwrap();
         assert_eq!(id, 9);
         assert_eq!(records, entries[1].records);
     }

@@ -5,6 +5,11 @@
 //! That keeps each stream's acknowledged prefix dense, and it is why recovery may drop
 //! everything after the first missing chunk of an epoch: nothing there was acknowledged.
 //!
+//! In a cluster, a chunk is released only while this node's lease holds: past it (the
+//! node could not renew), durable chunks are held back, and released once a renewal
+//! succeeds, or failed if other nodes took the streams meanwhile. So no append is ever
+//! acknowledged after another node may have taken its stream.
+//!
 //! A chunk that cannot be written is retried, with capped exponential backoff, for as
 //! long as it takes: an object store outage delays acknowledgements but never ends the
 //! log. While a chunk keeps failing, [`WalHealth`] says so, and the engine refuses new
@@ -21,6 +26,7 @@ use tokio::time::Instant;
 
 use crate::cache::ChunkCache;
 use crate::error::{Error, Result};
+use crate::membership::LeaseState;
 use crate::record::AppendAck;
 use crate::storage::ObjectStore;
 use crate::stream::SequencedBatch;
@@ -125,6 +131,10 @@ pub(crate) struct WalWriter {
     /// may take those.
     released: watch::Sender<u64>,
     health: WalHealth,
+    /// Whether this node's leases hold: chunks are released only while they do.
+    lease: watch::Receiver<LeaseState>,
+    /// Durable chunks waiting for the lease to hold again, in order.
+    held: std::collections::VecDeque<(Flight, Bytes, Vec<EntrySpan>)>,
 }
 
 /// What the engine keeps of a running writer.
@@ -147,6 +157,7 @@ impl WalWriter {
         settings: FlushSettings,
         epoch: u64,
         health: WalHealth,
+        lease: watch::Receiver<LeaseState>,
     ) -> WalWriterHandle {
         let (tx, rx) = mpsc::channel(1024);
         let (released, released_rx) = watch::channel(0);
@@ -160,6 +171,8 @@ impl WalWriter {
             preparing: None,
             released,
             health,
+            lease,
+            held: std::collections::VecDeque::new(),
         };
         WalWriterHandle {
             appends: tx,
@@ -189,7 +202,7 @@ impl WalWriter {
                 in_flight.push_back(self.start_flush(appends));
                 continue;
             }
-            if !open && pending.is_empty() && in_flight.is_empty() {
+            if !open && pending.is_empty() && in_flight.is_empty() && self.held.is_empty() {
                 return;
             }
             let room = pending_bytes < self.settings.max_chunk_bytes;
@@ -207,6 +220,13 @@ impl WalWriter {
                 },
                 Some((flight, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
                     self.finish_flight(flight, outcome);
+                }
+                changed = self.lease.changed(), if !self.held.is_empty() => {
+                    if changed.is_err() {
+                        self.fail_held(Error::LeaseLost);
+                    } else {
+                        self.release_held();
+                    }
                 }
                 _ = tokio::time::sleep_until(linger_deadline), if !pending.is_empty() && can_flush && !linger_over => {}
             }
@@ -291,41 +311,78 @@ impl WalWriter {
         };
         match outcome {
             Ok((chunk, spans)) => {
-                self.cache.insert(flight.key.clone(), chunk);
-                for (append, span) in flight.appends.iter().zip(spans) {
-                    append
-                        .batch
-                        .stream
-                        .publish(&append.batch, flight.key.clone(), span);
-                }
-                // Only now may compaction take the chunk: its batches are where readers
-                // look, so compaction's hand-over to segments replaces them.
-                self.released.send_modify(|released| *released += 1);
-                for append in flight.appends {
-                    let ack = AppendAck {
-                        start: append.batch.start(),
-                        end: append.batch.end(),
-                        tail: append.batch.stream.tail(),
-                    };
-                    let _ = append.done.send(Ok(ack));
-                }
+                self.held.push_back((flight, chunk, spans));
+                self.release_held();
             }
-            Err(err) => {
-                let reason = format!(
-                    "the write-ahead log could not be written ({err}); appends are refused \
-                     until streamgate is restarted, which recovers every acknowledged record"
-                );
-                let first = self.health.borrow().broken.is_none();
-                self.health.send_modify(|status| {
-                    status.broken.get_or_insert_with(|| reason.clone());
-                });
-                if first {
-                    tracing::error!("{reason}");
-                }
-                for append in flight.appends {
-                    let _ = append.done.send(Err(Error::Unavailable(reason.clone())));
-                }
+            Err(err) => self.fail(flight, err),
+        }
+    }
+
+    /// Releases held chunks in order while the lease holds; fails them all once it is
+    /// lost.
+    fn release_held(&mut self) {
+        let state = *self.lease.borrow();
+        if state == LeaseState::Lost {
+            self.fail_held(Error::LeaseLost);
+            return;
+        }
+        if !state.holds() {
+            if let Some((flight, _, _)) = self.held.front() {
+                tracing::debug!(chunk = %flight.key, "holding back acknowledgements: this node's lease does not surely hold");
             }
+            return;
+        }
+        while let Some((flight, chunk, spans)) = self.held.pop_front() {
+            self.release(flight, chunk, spans);
+        }
+    }
+
+    fn fail_held(&mut self, err: Error) {
+        while let Some((flight, _, _)) = self.held.pop_front() {
+            self.fail(flight, err.clone());
+        }
+    }
+
+    fn release(&mut self, flight: Flight, chunk: Bytes, spans: Vec<EntrySpan>) {
+        self.cache.insert(flight.key.clone(), chunk);
+        for (append, span) in flight.appends.iter().zip(spans) {
+            append
+                .batch
+                .stream
+                .publish(&append.batch, flight.key.clone(), span);
+        }
+        // Only now may compaction take the chunk: its batches are where readers
+        // look, so compaction's hand-over to segments replaces them.
+        self.released.send_modify(|released| *released += 1);
+        for append in flight.appends {
+            let ack = AppendAck {
+                start: append.batch.start(),
+                end: append.batch.end(),
+                tail: append.batch.stream.tail(),
+            };
+            let _ = append.done.send(Ok(ack));
+        }
+    }
+
+    /// Fails a chunk's appends, and every append after them: the log cannot go on past
+    /// a chunk that was not released.
+    fn fail(&mut self, flight: Flight, err: Error) {
+        let reason = match err {
+            Error::LeaseLost => err.to_string(),
+            err => format!(
+                "the write-ahead log could not be written ({err}); appends are refused \
+                 until streamgate is restarted, which recovers every acknowledged record"
+            ),
+        };
+        let first = self.health.borrow().broken.is_none();
+        self.health.send_modify(|status| {
+            status.broken.get_or_insert_with(|| reason.clone());
+        });
+        if first {
+            tracing::error!("{reason}");
+        }
+        for append in flight.appends {
+            let _ = append.done.send(Err(Error::Unavailable(reason.clone())));
         }
     }
 }

@@ -269,6 +269,10 @@ impl FromRequestParts<Engine> for Authenticated {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, engine: &Engine) -> Result<Self, ApiError> {
+        // Authenticated once per request: forwarding looks first (see `forward`).
+        if let Some(caller) = parts.extensions.get::<streamgate_core::Caller>() {
+            return Ok(Authenticated(caller.clone()));
+        }
         Ok(Authenticated(
             streamgate_http::authenticate(engine, parts).await?,
         ))

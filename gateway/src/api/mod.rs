@@ -3,7 +3,9 @@
 mod basins;
 pub(crate) mod error;
 pub(crate) mod extract;
+pub mod forward;
 pub(crate) mod json;
+pub mod peers;
 pub(crate) mod proto;
 pub(crate) mod records;
 pub mod sessions;
@@ -25,10 +27,25 @@ use tower_http::decompression::RequestDecompressionLayer;
 use error::{ApiError, ApiResult};
 
 pub fn router(engine: Engine, drain: sessions::Drain) -> Router {
+    // One client for the other nodes: whole requests forwarded, and the calls RESP and
+    // OTLP make at the nodes that sequence other streams.
+    let peers = forward::PeerClient::new(&engine);
+    engine.set_remote(std::sync::Arc::new(peers::RestPeers::new(peers.clone())));
     // Compress responses over 1 KiB, never streaming ones.
     let compress_when = SizeAbove::new(1024)
         .and(NotForContentType::const_new("text/event-stream"))
         .and(NotForContentType::const_new("s2s/proto"));
+    // Record routes go through forwarding: served here, or by the stream's owner.
+    let records = Router::new()
+        .route(
+            "/streams/{stream}/records",
+            get(records::read).post(records::append),
+        )
+        .route("/streams/{stream}/records/tail", get(records::check_tail))
+        .route_layer(axum::middleware::from_fn_with_state(
+            engine.clone(),
+            forward::route_records,
+        ));
     let v1 = Router::new()
         .route("/basins", get(basins::list).post(basins::create))
         .route(
@@ -46,11 +63,6 @@ pub fn router(engine: Engine, drain: sessions::Drain) -> Router {
                 .patch(streams::reconfigure)
                 .delete(streams::delete),
         )
-        .route(
-            "/streams/{stream}/records",
-            get(records::read).post(records::append),
-        )
-        .route("/streams/{stream}/records/tail", get(records::check_tail))
         .route("/locations", get(locations))
         .route(
             "/locations/default",
@@ -60,6 +72,7 @@ pub fn router(engine: Engine, drain: sessions::Drain) -> Router {
         .route("/access-tokens/{id}", axum::routing::delete(tokens::revoke))
         .route("/metrics", get(not_implemented_metrics))
         .route("/metrics/{*rest}", get(not_implemented_metrics))
+        .merge(records)
         .fallback(unknown_endpoint)
         .with_state(engine.clone());
     Router::new()
@@ -72,9 +85,17 @@ pub fn router(engine: Engine, drain: sessions::Drain) -> Router {
             }),
         )
         .nest("/v1", v1)
-        .nest("/otlp", streamgate_otlp::router(engine))
+        .nest("/otlp", streamgate_otlp::router(engine.clone()))
         .fallback(unknown_endpoint)
+        .route(
+            "/cluster",
+            get({
+                let engine = engine.clone();
+                move || cluster_view(engine.clone())
+            }),
+        )
         .layer(axum::Extension(drain))
+        .layer(axum::Extension(forward::Forwarder::new(peers.clone())))
         .layer(CompressionLayer::new().compress_when(compress_when))
         .layer(RequestDecompressionLayer::new())
         // A panic in a handler answers its own request with a 500; the panic hook logs it.
@@ -100,6 +121,43 @@ async fn ready(engine: Engine) -> Response {
         )
             .into_response(),
     }
+}
+
+/// The cluster as this node sees it: itself, and every node the metadata store knows
+/// with its advertised URL, heartbeat age, whether its lease holds, and how many
+/// streams it sequences. An operator endpoint, like `/ready`: it needs no token.
+async fn cluster_view(engine: Engine) -> Response {
+    let nodes = match engine.cluster_nodes().await {
+        Ok(nodes) => nodes,
+        Err(err) => return ApiError::from(err).into_response(),
+    };
+    let node = engine.node();
+    let nodes: Vec<serde_json::Value> = nodes
+        .iter()
+        .map(|n| {
+            serde_json::json!({
+                "epoch": n.epoch,
+                "identity": n.identity,
+                "advertise_url": n.advertise_url,
+                "started_at": n.started_at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
+                "heartbeat_age_ms": n.heartbeat_age_ms,
+                "live": n.live,
+                "streams_owned": n.streams_owned,
+            })
+        })
+        .collect();
+    Json(serde_json::json!({
+        "node": {
+            "epoch": engine.epoch(),
+            "identity": node.identity,
+            "advertise_url": node.advertise_url,
+            "lease_ms": node.lease.as_millis() as u64,
+            "streams_served": engine.streams_served(),
+            "ready": engine.unready_reason().is_none(),
+        },
+        "nodes": nodes,
+    }))
+    .into_response()
 }
 
 async fn unknown_endpoint() -> ApiError {

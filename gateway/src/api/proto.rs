@@ -174,3 +174,60 @@ impl From<CoreReadBatch> for ReadBatch {
         }
     }
 }
+
+// The other direction, for calls this node makes at the node that sequences a stream.
+
+impl From<record::AppendInput> for AppendInput {
+    fn from(input: record::AppendInput) -> Self {
+        Self {
+            records: input
+                .records
+                .into_iter()
+                .map(|r| AppendRecord {
+                    timestamp: r.timestamp,
+                    headers: wire_headers(r.headers),
+                    body: r.body,
+                })
+                .collect(),
+            match_seq_num: input.match_seq_num,
+            fencing_token: input.fencing_token,
+        }
+    }
+}
+
+impl From<StreamPosition> for record::StreamPosition {
+    fn from(p: StreamPosition) -> Self {
+        Self {
+            seq_num: p.seq_num,
+            timestamp: p.timestamp,
+        }
+    }
+}
+
+impl From<AppendAck> for CoreAppendAck {
+    fn from(ack: AppendAck) -> Self {
+        Self {
+            start: ack.start.unwrap_or_default().into(),
+            end: ack.end.unwrap_or_default().into(),
+            tail: ack.tail.unwrap_or_default().into(),
+        }
+    }
+}
+
+impl From<ReadBatch> for CoreReadBatch {
+    fn from(batch: ReadBatch) -> Self {
+        Self {
+            records: batch
+                .records
+                .into_iter()
+                .map(|r| record::SequencedRecord {
+                    seq_num: r.seq_num,
+                    timestamp: r.timestamp,
+                    headers: core_headers(r.headers),
+                    body: r.body,
+                })
+                .collect(),
+            tail: batch.tail.map(Into::into),
+        }
+    }
+}

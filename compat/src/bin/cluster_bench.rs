@@ -1,0 +1,363 @@
+//! `cluster_bench`: what a cluster of streamgate nodes gives and costs, on one
+//! PostgreSQL database and one S3 bucket (moto). Prints numbers; asserts nothing.
+//!
+//!   cargo run --release -p streamgate-compat --bin cluster_bench -- [--lease-secs N]
+//!
+//! 1. Failover: three nodes at the lease time given (default: streamgate's default, 10
+//!    s); one client per stream appends through a node other than the victim; the
+//!    victim is `kill -9`ed. For each stream the victim sequenced: the time from the
+//!    kill to its first acknowledged append.
+//! 2. Forwarding overhead: one client appends 1-record batches one at a time to one
+//!    stream, through the node that sequences it and through another node.
+//! 3. Metadata load: PostgreSQL transactions per second per node while the cluster is
+//!    idle, with 10, 1,000 and 10,000 streams held across the nodes (every statement
+//!    outside a transaction is one).
+//! 4. Throughput: 16 clients appending 64 KiB batches to 16 streams for `--seconds`,
+//!    through one node of a cluster of one and spread over the nodes of a cluster of
+//!    three.
+//!
+//! S3: `STREAMGATE_TEST_S3_ENDPOINT`, or a moto server this program starts from
+//! `.venv-compat`. PostgreSQL: `STREAMGATE_TEST_POSTGRES` (default the local server). A
+//! missing service is reported and the program exits 1.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use serde_json::{json, Value};
+use streamgate_compat::percentile;
+use streamgate_compat::services::{postgres_answers, s3_endpoint};
+use streamgate_tests::cluster::Cluster;
+use streamgate_tests::{backends, client};
+
+#[derive(Parser)]
+struct Args {
+    /// Lease time of the nodes in the failover measurement.
+    #[arg(long, default_value_t = 10)]
+    lease_secs: u64,
+    /// Appends per path in the forwarding measurement.
+    #[arg(long, default_value_t = 2000)]
+    appends: usize,
+    /// Length of each throughput phase.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+}
+
+const BASIN: &str = "bench-cluster";
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let _moto = match s3_endpoint() {
+        Ok((_, moto)) => moto,
+        Err(why) => {
+            eprintln!("cluster_bench: {why}");
+            std::process::exit(1);
+        }
+    };
+    let postgres = backends::postgres_server();
+    if !postgres_answers(&postgres) {
+        eprintln!(
+            "cluster_bench: PostgreSQL does not answer at {postgres}; set STREAMGATE_TEST_POSTGRES"
+        );
+        std::process::exit(1);
+    }
+    let lease = args.lease_secs.to_string();
+
+    println!(
+        "== failover: kill -9 of one of three nodes, lease {} s",
+        args.lease_secs
+    );
+    failover(&lease).await;
+    println!("== forwarding: one client, 1-record appends one at a time");
+    forwarding(args.appends).await;
+    println!("== metadata load of an idle cluster of three nodes");
+    metadata_load().await;
+    println!(
+        "== throughput: 16 clients, 64 KiB batches, {} s, records on S3 (moto)",
+        args.seconds
+    );
+    for nodes in [1, 3] {
+        let cluster = Cluster::start(nodes, &[]);
+        setup_basin(&cluster).await;
+        let (mib_s, appends) = throughput(&cluster, args.seconds).await;
+        println!("{nodes} node(s): {mib_s:.1} MiB/s acknowledged ({appends} appends)");
+    }
+}
+
+/// A basin that creates streams on first append.
+async fn setup_basin(cluster: &Cluster) {
+    let response = client()
+        .post(format!("{}/v1/basins", cluster.endpoint(0)))
+        .json(&json!({"basin": BASIN, "config": {"create_stream_on_append": true}}))
+        .send()
+        .await
+        .expect("creating the basin");
+    assert!(
+        response.status().is_success(),
+        "creating the basin: {}",
+        response.status()
+    );
+}
+
+/// Appends one batch of `bodies` through `endpoint`; the node that served it, when
+/// acknowledged.
+async fn append(
+    http: &reqwest::Client,
+    endpoint: &str,
+    stream: &str,
+    bodies: &[String],
+) -> Option<String> {
+    let records: Vec<Value> = bodies.iter().map(|b| json!({ "body": b })).collect();
+    let response = http
+        .post(format!("{endpoint}/v1/streams/{stream}/records"))
+        .header("s2-basin", BASIN)
+        .json(&json!({ "records": records }))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    let served_by = response
+        .headers()
+        .get("streamgate-served-by")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    response.bytes().await.ok()?;
+    Some(served_by)
+}
+
+async fn failover(lease: &str) {
+    let mut cluster = Cluster::start(3, &["--lease-secs", lease]);
+    for node in 0..3 {
+        cluster.wait_for_live_nodes(node, 3).await;
+    }
+    setup_basin(&cluster).await;
+    let streams = 12;
+    let http = client();
+    // Where each stream is sequenced.
+    let mut owner = HashMap::new();
+    for s in 0..streams {
+        let served_by = append(&http, &cluster.endpoint(0), &format!("f{s}"), &["x".into()])
+            .await
+            .expect("an append");
+        owner.insert(
+            s,
+            cluster.node_at(&served_by).expect("a node of the cluster"),
+        );
+    }
+    let victim = 0;
+    let stop = Arc::new(AtomicBool::new(false));
+    let first_ack_after_kill: Arc<Vec<AtomicU64>> =
+        Arc::new((0..streams).map(|_| AtomicU64::new(0)).collect());
+    let killed_at = Arc::new(std::sync::OnceLock::<Instant>::new());
+    let mut clients = Vec::new();
+    for s in 0..streams {
+        let endpoint = cluster.endpoint(1 + s % 2);
+        let (http, stop) = (http.clone(), stop.clone());
+        let (first, killed_at) = (first_ack_after_kill.clone(), killed_at.clone());
+        clients.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let sent = Instant::now();
+                let acked = append(&http, &endpoint, &format!("f{s}"), &["y".into()])
+                    .await
+                    .is_some();
+                if let (true, Some(killed)) = (acked, killed_at.get()) {
+                    if sent > *killed && first[s].load(Ordering::SeqCst) == 0 {
+                        let after = killed.elapsed().as_millis() as u64;
+                        first[s].store(after.max(1), Ordering::SeqCst);
+                    }
+                }
+                if !acked {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.nodes[victim].kill9();
+    killed_at.set(Instant::now()).unwrap();
+    let affected: Vec<usize> = (0..streams).filter(|s| owner[s] == victim).collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while affected
+        .iter()
+        .any(|s| first_ack_after_kill[*s].load(Ordering::SeqCst) == 0)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        let _ = c.await;
+    }
+    let mut times: Vec<Duration> = affected
+        .iter()
+        .map(|s| Duration::from_millis(first_ack_after_kill[*s].load(Ordering::SeqCst)))
+        .collect();
+    if times.is_empty() || times.contains(&Duration::ZERO) {
+        println!("the victim's streams did not all take appends again within 120 s");
+        std::process::exit(1);
+    }
+    times.sort();
+    println!(
+        "{} of {streams} streams were on the killed node; kill -9 to first acknowledged append: min {:.2} s, median {:.2} s, max {:.2} s",
+        times.len(),
+        times[0].as_secs_f64(),
+        percentile(&times, 0.5).as_secs_f64(),
+        times[times.len() - 1].as_secs_f64()
+    );
+}
+
+async fn forwarding(appends: usize) {
+    let cluster = Cluster::start(3, &[]);
+    for node in 0..3 {
+        cluster.wait_for_live_nodes(node, 3).await;
+    }
+    setup_basin(&cluster).await;
+    let http = client();
+    let served_by = append(&http, &cluster.endpoint(0), "fw", &["x".into()])
+        .await
+        .expect("an append");
+    let owner = cluster.node_at(&served_by).expect("a node of the cluster");
+    for (what, node) in [
+        ("through its owner", owner),
+        ("through another node", owner + 1),
+    ] {
+        let endpoint = cluster.endpoint(node);
+        // Warm the connections up first.
+        for _ in 0..100 {
+            append(&http, &endpoint, "fw", &["w".into()]).await;
+        }
+        let mut latencies = Vec::with_capacity(appends);
+        for _ in 0..appends {
+            let started = Instant::now();
+            append(&http, &endpoint, "fw", &["z".into()])
+                .await
+                .expect("an append");
+            latencies.push(started.elapsed());
+        }
+        latencies.sort();
+        println!(
+            "{what}: p50 {:.2} ms, p99 {:.2} ms over {appends} appends",
+            percentile(&latencies, 0.5).as_secs_f64() * 1e3,
+            percentile(&latencies, 0.99).as_secs_f64() * 1e3
+        );
+    }
+}
+
+/// Transactions committed in `database` so far, by PostgreSQL's statistics.
+fn commits(database: &str) -> u64 {
+    let output = std::process::Command::new("psql")
+        .arg(format!("{}/postgres", backends::postgres_server()))
+        .args([
+            "-qAtc",
+            &format!(
+                "SELECT pg_stat_clear_snapshot(); SELECT xact_commit FROM pg_stat_database WHERE datname = '{database}'"
+            ),
+        ])
+        .output()
+        .expect("running psql");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .next_back()
+        .unwrap_or(0)
+}
+
+async fn metadata_load() {
+    let cluster = Cluster::start(3, &[]);
+    for node in 0..3 {
+        cluster.wait_for_live_nodes(node, 3).await;
+    }
+    setup_basin(&cluster).await;
+    let database = database_of(&cluster).await;
+    let http = client();
+    let mut created = 0;
+    for target in [10usize, 1_000, 10_000] {
+        // Streams are taken by the node the placement rule gives, on first append.
+        let next: Vec<usize> = (created..target).collect();
+        futures::future::join_all(next.chunks(next.len().div_ceil(32).max(1)).map(|chunk| {
+            let (http, endpoint) = (http.clone(), cluster.endpoint(chunk[0]));
+            let chunk = chunk.to_vec();
+            async move {
+                for s in chunk {
+                    append(&http, &endpoint, &format!("m{s}"), &["x".into()]).await;
+                }
+            }
+        }))
+        .await;
+        created = target;
+        // Let the takeovers settle, then count over 20 s.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let window = Duration::from_secs(20);
+        let before = commits(&database);
+        tokio::time::sleep(window).await;
+        let after = commits(&database);
+        let views = futures::future::join_all((0..3).map(|n| cluster.view(n))).await;
+        let owned: Vec<u64> = views
+            .iter()
+            .map(|v| v["node"]["streams_served"].as_u64().unwrap_or(0))
+            .collect();
+        println!(
+            "{target} streams (held per node: {owned:?}): {:.1} transactions/s per node",
+            (after - before) as f64 / window.as_secs_f64() / 3.0
+        );
+    }
+}
+
+/// The database name the cluster's nodes share.
+async fn database_of(cluster: &Cluster) -> String {
+    let banner = &cluster.nodes[0].banner;
+    banner
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("metadata:"))
+        .and_then(|l| l.trim().rsplit('/').next())
+        .expect("the banner names the metadata database")
+        .to_owned()
+}
+
+async fn throughput(cluster: &Cluster, seconds: u64) -> (f64, u64) {
+    for node in 0..cluster.nodes.len() {
+        cluster.wait_for_live_nodes(node, cluster.nodes.len()).await;
+    }
+    let http = client();
+    let body = "x".repeat(64 * 1024);
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for c in 0..16 {
+        let endpoint = cluster.endpoint(c);
+        let (http, stop, acked, body) = (http.clone(), stop.clone(), acked.clone(), body.clone());
+        clients.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                if append(
+                    &http,
+                    &endpoint,
+                    &format!("t{c}"),
+                    std::slice::from_ref(&body),
+                )
+                .await
+                .is_some()
+                {
+                    acked.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    // The first appends take the streams; count from when that is done.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let start = (Instant::now(), acked.load(Ordering::SeqCst));
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let appends = acked.load(Ordering::SeqCst) - start.1;
+    let secs = start.0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        let _ = c.await;
+    }
+    (appends as f64 * 64.0 / 1024.0 / secs, appends)
+}

@@ -1,0 +1,216 @@
+//! Membership: this node's place in the cluster. It joins with its advertised URL,
+//! renews its lease on a steady beat (one statement, whatever the number of streams it
+//! holds), and knows two things from that: until when its leases surely hold, by its
+//! own monotonic clock, and which nodes are live, for placing streams and forwarding.
+//!
+//! The lease is taken to hold until the *start* of the last successful renewal plus the
+//! lease time, less a margin: the store set the expiry later than that start, so no
+//! other node can take a stream before this node has stopped acknowledging.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::storage::MetadataStore;
+
+/// How this node takes part in the cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    /// Stable across restarts (kept in the data directory): a node that starts again
+    /// ends the leases of its earlier run at once instead of waiting for them to lapse.
+    pub identity: String,
+    /// How other nodes reach this one (forwarded requests).
+    pub advertise_url: String,
+    /// How long a lease lasts without renewal; another node takes the streams of a node
+    /// silent that long.
+    pub lease: Duration,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            identity: "standalone".into(),
+            advertise_url: "http://127.0.0.1:8080".into(),
+            lease: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ClusterSettings {
+    /// How often the lease is renewed: four times per lease, so a renewal or two can
+    /// fail without the lease lapsing.
+    pub fn renew_interval(&self) -> Duration {
+        self.lease / 4
+    }
+
+    /// How long before the store's expiry this node stops acknowledging.
+    fn margin(&self) -> Duration {
+        self.lease / 5
+    }
+}
+
+/// Whether this node's leases hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseState {
+    /// Until this instant (monotonic), unless renewed before.
+    HoldsUntil(Instant),
+    /// Another node took streams of this one: it must never acknowledge again.
+    Lost,
+}
+
+impl LeaseState {
+    pub fn holds(&self) -> bool {
+        matches!(self, LeaseState::HoldsUntil(until) if Instant::now() < *until)
+    }
+}
+
+pub(crate) struct Membership {
+    metadata: Arc<dyn MetadataStore>,
+    epoch: u64,
+    settings: ClusterSettings,
+    state: watch::Sender<LeaseState>,
+    /// The live nodes (epoch, advertised URL) in epoch order, as of the last renewal.
+    live_nodes: RwLock<Vec<(u64, String)>>,
+    /// Since when the lease has held without a break.
+    holding_since: RwLock<Option<Instant>>,
+}
+
+impl Membership {
+    pub async fn join(
+        metadata: Arc<dyn MetadataStore>,
+        epoch: u64,
+        settings: ClusterSettings,
+    ) -> Result<Arc<Membership>> {
+        let started = Instant::now();
+        metadata
+            .join_cluster(
+                epoch,
+                &settings.identity,
+                &settings.advertise_url,
+                settings.lease.as_millis() as u64,
+            )
+            .await?;
+        let membership = Arc::new(Membership {
+            state: watch::Sender::new(LeaseState::HoldsUntil(
+                started + settings.lease - settings.margin(),
+            )),
+            metadata,
+            epoch,
+            settings,
+            live_nodes: RwLock::default(),
+            holding_since: RwLock::new(Some(started)),
+        });
+        membership.refresh_live_nodes().await?;
+        Ok(membership)
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn settings(&self) -> &ClusterSettings {
+        &self.settings
+    }
+
+    pub fn state(&self) -> watch::Receiver<LeaseState> {
+        self.state.subscribe()
+    }
+
+    pub fn holds(&self) -> bool {
+        self.state.borrow().holds()
+    }
+
+    pub fn is_lost(&self) -> bool {
+        *self.state.borrow() == LeaseState::Lost
+    }
+
+    /// How long the lease has held without a break, if it holds.
+    pub fn held_for(&self) -> Option<Duration> {
+        if !self.holds() {
+            return None;
+        }
+        self.holding_since.read().map(|since| since.elapsed())
+    }
+
+    /// Refuses work that needs the leases while they may not hold.
+    pub fn check(&self) -> Result<()> {
+        match *self.state.borrow() {
+            LeaseState::Lost => Err(Error::LeaseLost),
+            state if state.holds() => Ok(()),
+            _ => Err(Error::Unavailable(
+                "this node could not renew its lease in the metadata store in time, so it \
+                 serves no stream until it does (if this goes on, other nodes take its \
+                 streams over); retry shortly"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Renews the lease once; `LeaseLost` if streams of this node were taken meanwhile.
+    pub async fn renew(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(Error::LeaseLost);
+        }
+        let started = Instant::now();
+        let lease_ms = self.settings.lease.as_millis() as u64;
+        match self.metadata.renew_lease(self.epoch, lease_ms).await {
+            Ok(true) => {
+                let held = self.holds();
+                self.state.send_replace(LeaseState::HoldsUntil(
+                    started + self.settings.lease - self.settings.margin(),
+                ));
+                if !held {
+                    *self.holding_since.write() = Some(started);
+                    tracing::info!("renewed this node's lease again: serving its streams again");
+                }
+                Ok(())
+            }
+            Ok(false) => {
+                self.state.send_replace(LeaseState::Lost);
+                *self.holding_since.write() = None;
+                Err(Error::LeaseLost)
+            }
+            Err(err) => {
+                if !self.holds() {
+                    *self.holding_since.write() = None;
+                }
+                Err(err)
+            }
+        }
+    }
+
+    pub async fn refresh_live_nodes(&self) -> Result<()> {
+        let mut nodes = self.metadata.live_nodes().await?;
+        if !nodes.iter().any(|(epoch, _)| *epoch == self.epoch) && self.holds() {
+            // Its own renewal is what counts for this node, not the store's last word.
+            nodes.push((self.epoch, self.settings.advertise_url.clone()));
+            nodes.sort();
+        }
+        *self.live_nodes.write() = nodes;
+        Ok(())
+    }
+
+    /// The node a stream without an owner should go to: streams are spread over the
+    /// live nodes by id, so each takes about its share.
+    pub fn placement(&self, stream_id: u64) -> Option<(u64, String)> {
+        let nodes = self.live_nodes.read();
+        if nodes.is_empty() {
+            return None;
+        }
+        Some(nodes[(stream_id % nodes.len() as u64) as usize].clone())
+    }
+
+    /// This node's rank among the live nodes and their number.
+    pub fn rank(&self) -> (usize, usize) {
+        let nodes = self.live_nodes.read();
+        let rank = nodes
+            .iter()
+            .position(|(e, _)| *e == self.epoch)
+            .unwrap_or(0);
+        (rank, nodes.len().max(1))
+    }
+}

@@ -1,0 +1,471 @@
+//! The cluster: three streamgate nodes on one PostgreSQL database and one S3 bucket (a
+//! moto server), each with its own ports and data directory.
+//! - Every operation works through every node: the control plane on one, appends on
+//!   another, reads and check-tails on a third, unary and in sessions, Redis Streams
+//!   (XADD, XRANGE, XREAD BLOCK) and OTLP exports that touch several streams, and what
+//!   one node acknowledged the others read at once (requests are forwarded to a
+//!   stream's owner).
+//! - Writers spread over all nodes keep appending while nodes fail one after another:
+//!   `kill -9`, `SIGSTOP` past the lease (a zombie that wakes up), PostgreSQL cut off
+//!   past the lease, and a rolling restart with SIGTERM. Each time, every stream takes
+//!   appends again through the others, and a zombie or cut-off node finds its streams
+//!   taken when it comes back and stops. Afterwards every stream, read from every node,
+//!   holds every acknowledged batch exactly once at its acknowledged position, so no
+//!   position was acknowledged twice.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use serde_json::{json, Value};
+use streamgate_tests::cluster::Cluster;
+use streamgate_tests::history::{read_all, verify, History};
+use streamgate_tests::proxy::{Mode, Proxy};
+use streamgate_tests::resp::{Connection, Reply};
+use streamgate_tests::s2s::AppendSession;
+use streamgate_tests::{backends, client, Server};
+
+const BASIN: &str = "cluster-test";
+const NODES: usize = 3;
+/// Short, so failover is quick: a node silent this long loses its streams.
+const LEASE_SECS: &str = "2";
+
+/// Every bulk string in a reply, nested ones too.
+fn bulk_strings(reply: &Reply) -> Vec<String> {
+    match reply {
+        Reply::Bulk(Some(bytes)) => vec![String::from_utf8_lossy(bytes).into_owned()],
+        Reply::Array(Some(items)) => items.iter().flat_map(bulk_strings).collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn stream_names(count: usize) -> Vec<String> {
+    (0..count).map(|s| format!("s{s}")).collect()
+}
+
+async fn append(endpoint: &str, stream: &str, bodies: &[String]) -> reqwest::Response {
+    let records: Vec<Value> = bodies.iter().map(|b| json!({ "body": b })).collect();
+    client()
+        .post(format!("{endpoint}/v1/streams/{stream}/records"))
+        .header("s2-basin", BASIN)
+        .json(&json!({ "records": records }))
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn tail(endpoint: &str, stream: &str) -> u64 {
+    let response = client()
+        .get(format!("{endpoint}/v1/streams/{stream}/records/tail"))
+        .header("s2-basin", BASIN)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response.status().is_success(),
+        "check-tail: {}",
+        response.status()
+    );
+    let tail: Value = response.json().await.unwrap();
+    tail["tail"]["seq_num"].as_u64().unwrap()
+}
+
+async fn bodies_of(endpoint: &str, stream: &str) -> Vec<String> {
+    streamgate_tests::read_stream(endpoint, BASIN, stream)
+        .await
+        .iter()
+        // Redis entries keep their fields in headers and have no body.
+        .map(|r| r["body"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_node_serves_every_operation_and_reads_its_peers_writes() {
+    let cluster = Cluster::start(NODES, &["--lease-secs", LEASE_SECS]);
+    for node in 0..NODES {
+        cluster.wait_for_live_nodes(node, NODES).await;
+    }
+    let view = cluster.view(1).await;
+    let urls: Vec<&str> = view["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["advertise_url"].as_str().unwrap())
+        .collect();
+    for node in 0..NODES {
+        assert!(
+            urls.contains(&cluster.endpoint(node).as_str()),
+            "{} advertises itself: {view}",
+            cluster.endpoint(node)
+        );
+    }
+
+    // The control plane on node 0.
+    let names = stream_names(6);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    streamgate_tests::create_streams(&cluster.endpoint(0), BASIN, &refs).await;
+
+    // Appends on one node, check-tail and reads on the others, at once.
+    for (s, stream) in names.iter().enumerate() {
+        for writer in 0..NODES {
+            let body = format!("{stream} from node {writer}");
+            let response = append(
+                &cluster.endpoint(writer + s),
+                stream,
+                std::slice::from_ref(&body),
+            )
+            .await;
+            assert!(
+                response.status().is_success(),
+                "append: {}",
+                response.status()
+            );
+            let ack: Value = response.json().await.unwrap();
+            let end = ack["end"]["seq_num"].as_u64().unwrap();
+            assert_eq!(tail(&cluster.endpoint(writer + s + 1), stream).await, end);
+            let read = bodies_of(&cluster.endpoint(writer + s + 2), stream).await;
+            assert_eq!(read.len() as u64, end, "a peer reads every record at once");
+            assert_eq!(read.last(), Some(&body));
+        }
+    }
+
+    // An S2S append session through a node that does not sequence the stream.
+    let session_stream = &names[0];
+    let views: Vec<Value> = futures::future::join_all((0..NODES).map(|n| cluster.view(n))).await;
+    let owner_of_s0 = views
+        .iter()
+        .position(|v| v["node"]["streams_served"].as_u64() > Some(0))
+        .expect("some node serves streams");
+    let mut session =
+        AppendSession::open(&cluster.endpoint(owner_of_s0 + 1), BASIN, session_stream)
+            .await
+            .expect("a session through any node");
+    for i in 0..20 {
+        session
+            .send(&[format!("session {i}").as_bytes()])
+            .await
+            .unwrap();
+    }
+    let mut last_end = 0;
+    for _ in 0..20 {
+        let (start, end) = session.ack().await.unwrap();
+        assert!(start >= last_end);
+        last_end = end;
+    }
+    drop(session);
+    let read = bodies_of(&cluster.endpoint(owner_of_s0 + 2), session_stream).await;
+    assert_eq!(read.len() as u64, last_end);
+    assert_eq!(read.last().map(String::as_str), Some("session 19"));
+
+    // Redis Streams through every node: XADD on one, XRANGE on the next, and an
+    // XREAD BLOCK on a third that an XADD through the first wakes up.
+    for (s, stream) in names.iter().enumerate() {
+        let mut adder = Connection::open(cluster.nodes[s % NODES].resp_port, Some(BASIN))
+            .await
+            .unwrap();
+        let id = adder
+            .call(&["XADD", stream, "*", "b", &format!("xadd to {stream}")])
+            .await
+            .unwrap()
+            .text();
+        let mut ranger = Connection::open(cluster.nodes[(s + 1) % NODES].resp_port, Some(BASIN))
+            .await
+            .unwrap();
+        let range = ranger.call(&["XRANGE", stream, &id, "+"]).await.unwrap();
+        assert!(
+            bulk_strings(&range).contains(&format!("xadd to {stream}")),
+            "XRANGE through another node: {range:?}"
+        );
+        let mut blocker = Connection::open(cluster.nodes[(s + 2) % NODES].resp_port, Some(BASIN))
+            .await
+            .unwrap();
+        blocker
+            .send(&["XREAD", "BLOCK", "20000", "STREAMS", stream, "$"])
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        adder
+            .call(&["XADD", stream, "*", "b", "wakes the reader"])
+            .await
+            .unwrap();
+        let woken = tokio::time::timeout(Duration::from_secs(20), blocker.reply())
+            .await
+            .expect("XREAD BLOCK through a third node wakes up")
+            .unwrap();
+        assert!(
+            bulk_strings(&woken).iter().any(|b| b == "wakes the reader"),
+            "XREAD BLOCK: {woken:?}"
+        );
+    }
+
+    // One OTLP export through one node that touches every stream.
+    let export = json!({ "resourceLogs": names.iter().map(|stream| json!({
+        "resource": {"attributes": [{"key": "s2.stream", "value": {"stringValue": stream}}]},
+        "scopeLogs": [{"logRecords": [{"body": {"stringValue": format!("otlp to {stream}")}}]}]
+    })).collect::<Vec<_>>() });
+    let response = client()
+        .post(format!("{}/otlp/v1/logs", cluster.endpoint(1)))
+        .header("s2-basin", BASIN)
+        .json(&export)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    for (s, stream) in names.iter().enumerate() {
+        let read = bodies_of(&cluster.endpoint(s + 2), stream).await;
+        let last: Value = serde_json::from_str(read.last().unwrap()).unwrap();
+        assert_eq!(
+            last["resourceLogs"][0]["scopeLogs"][0]["logRecords"][0]["body"]["stringValue"],
+            format!("otlp to {stream}")
+        );
+    }
+
+    // The streams are spread over the nodes: together they own all six, each some.
+    let views: Vec<Value> = futures::future::join_all((0..NODES).map(|n| cluster.view(n))).await;
+    let served: Vec<u64> = views
+        .iter()
+        .map(|v| v["node"]["streams_served"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        served.iter().sum::<u64>(),
+        6,
+        "each stream is served once: {served:?}"
+    );
+    assert!(
+        served.iter().filter(|n| **n > 0).count() >= 2,
+        "streams spread over the nodes: {served:?}"
+    );
+}
+
+/// Appends from one writer through one node, retrying whenever that node is down:
+/// answers that are not acknowledgements leave the batch's fate unknown.
+async fn write_through(
+    endpoint: String,
+    writer: usize,
+    streams: usize,
+    history: Arc<Mutex<History>>,
+    acks_by_stream: Arc<Mutex<HashMap<usize, Instant>>>,
+    stop: Arc<AtomicBool>,
+) {
+    let http = client();
+    let mut n = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let (stream, size) = {
+            let mut rng = rand::rng();
+            (rng.random_range(0..streams), rng.random_range(1..=10))
+        };
+        let batch = format!("w{writer}b{n}");
+        n += 1;
+        let records: Vec<Value> = (0..size)
+            .map(|i| json!({ "body": format!("{batch}/{i}") }))
+            .collect();
+        history.lock().unwrap().sent.insert(batch.clone(), size);
+        let response = http
+            .post(format!("{endpoint}/v1/streams/s{stream}/records"))
+            .header("s2-basin", BASIN)
+            .json(&json!({ "records": records }))
+            .timeout(Duration::from_secs(20))
+            .send()
+            .await;
+        match response {
+            Ok(r) if r.status().is_success() => {
+                let ack: Value = r.json().await.unwrap();
+                let start = ack["start"]["seq_num"].as_u64().unwrap();
+                let end = ack["end"]["seq_num"].as_u64().unwrap();
+                assert_eq!(end - start, size as u64, "the ack covers the whole batch");
+                history
+                    .lock()
+                    .unwrap()
+                    .acked
+                    .insert(batch, (stream, start, end));
+                acks_by_stream
+                    .lock()
+                    .unwrap()
+                    .insert(stream, Instant::now());
+            }
+            Ok(r) => {
+                // Only a retryable refusal is expected while a node is down.
+                assert!(r.status() == 503, "unexpected answer {}", r.status());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// How a node is taken out of the cluster for a while.
+#[derive(Debug, Clone, Copy)]
+enum Failure {
+    /// `kill -9`, then started again.
+    Kill,
+    /// `SIGSTOP` past its lease, then `SIGCONT`: a zombie that wakes up to find its
+    /// streams taken, must not acknowledge anything and stops (then started again).
+    Pause,
+    /// Its PostgreSQL connection black-holed past its lease, then healed: it cannot
+    /// renew, stops acknowledging, finds its streams taken and stops.
+    MetadataCut,
+    /// SIGTERM (a rolling restart, one node at a time), then started again.
+    Restart,
+}
+
+fn signal(server: &Server, signal: &str) {
+    let pid = server.pid().expect("the node runs").to_string();
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Waits until every stream has taken an append acknowledged after `since`.
+async fn every_stream_acknowledges_after(
+    acks_by_stream: &Mutex<HashMap<usize, Instant>>,
+    streams: usize,
+    since: Instant,
+    what: &str,
+) {
+    let deadline = since + Duration::from_secs(40);
+    loop {
+        let recovered = acks_by_stream
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|at| **at > since)
+            .count();
+        if recovered == streams {
+            eprintln!(
+                "{what}: every stream took appends again after {:.1} s",
+                since.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: only {recovered} of {streams} streams took appends again within 40 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn node_failures_of_every_kind_lose_no_acknowledged_record() {
+    const STREAMS: usize = 6;
+    const WRITERS: usize = 6;
+    // Every node reaches PostgreSQL through a proxy of its own, to cut it off alone.
+    let server = backends::postgres_server();
+    let (credentials, address) = server
+        .strip_prefix("postgres://")
+        .and_then(|rest| rest.rsplit_once('@'))
+        .expect("STREAMGATE_TEST_POSTGRES is postgres://USER[:PASSWORD]@HOST:PORT");
+    let mut proxies = Vec::new();
+    for _ in 0..NODES {
+        proxies.push(Proxy::start(address).await);
+    }
+    let through: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("postgres://{credentials}@127.0.0.1:{}", p.port))
+        .collect();
+    let mut cluster = Cluster::start_with_metadata_servers(&through, &["--lease-secs", LEASE_SECS]);
+    for node in 0..NODES {
+        cluster.wait_for_live_nodes(node, NODES).await;
+    }
+    let names = stream_names(STREAMS);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    streamgate_tests::create_streams(&cluster.endpoint(0), BASIN, &refs).await;
+
+    let history = Arc::new(Mutex::new(History::default()));
+    let acks_by_stream = Arc::new(Mutex::new(HashMap::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            tokio::spawn(write_through(
+                cluster.endpoint(w),
+                w,
+                STREAMS,
+                history.clone(),
+                acks_by_stream.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    every_stream_acknowledges_after(&acks_by_stream, STREAMS, Instant::now(), "start").await;
+
+    let lease = Duration::from_secs(LEASE_SECS.parse().unwrap());
+    let plan = [
+        (0, Failure::Kill),
+        (1, Failure::Kill),
+        (2, Failure::Pause),
+        (0, Failure::MetadataCut),
+        (0, Failure::Restart),
+        (1, Failure::Restart),
+        (2, Failure::Restart),
+    ];
+    for (victim, failure) in plan {
+        let what = format!("{failure:?} of node {victim}");
+        let failed_at = Instant::now();
+        match failure {
+            Failure::Kill => cluster.nodes[victim].kill9(),
+            Failure::Pause => signal(&cluster.nodes[victim], "-STOP"),
+            Failure::MetadataCut => proxies[victim].set(Mode::BlackHole),
+            Failure::Restart => {
+                let code = cluster.nodes[victim].terminate();
+                assert_eq!(code, Some(0), "{what}: a drained node exits cleanly");
+            }
+        }
+        // From when the victim can no longer acknowledge (gone, or its lease lapsed),
+        // every stream takes appends again: the others took the victim's streams over.
+        let victim_silent_from = match failure {
+            Failure::Kill | Failure::Restart => Instant::now(),
+            Failure::Pause | Failure::MetadataCut => failed_at + lease,
+        };
+        tokio::time::sleep_until(victim_silent_from.into()).await;
+        every_stream_acknowledges_after(&acks_by_stream, STREAMS, victim_silent_from, &what).await;
+        match failure {
+            Failure::Pause | Failure::MetadataCut => {
+                match failure {
+                    Failure::Pause => signal(&cluster.nodes[victim], "-CONT"),
+                    _ => proxies[victim].set(Mode::Forward),
+                }
+                // Back, it finds its leases taken: it stops, and says why.
+                let status = cluster.nodes[victim]
+                    .wait_for_exit(Duration::from_secs(60))
+                    .unwrap_or_else(|| panic!("{what}: the fenced node did not stop"));
+                assert!(
+                    !status.success(),
+                    "{what}: a fenced node exits with an error"
+                );
+                cluster.nodes[victim].restart();
+            }
+            Failure::Kill | Failure::Restart => cluster.nodes[victim].restart(),
+        }
+        cluster.wait_for_live_nodes(victim, NODES).await;
+        every_stream_acknowledges_after(&acks_by_stream, STREAMS, Instant::now(), &what).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+
+    let history = std::mem::take(&mut *history.lock().unwrap());
+    assert!(
+        history.acked.len() > 100,
+        "only {} batches acknowledged",
+        history.acked.len()
+    );
+    let mut first_view = None;
+    for node in 0..NODES {
+        let mut streams = Vec::new();
+        for s in 0..STREAMS {
+            streams.push(read_all(&cluster.endpoint(node), BASIN, s).await);
+        }
+        let records = verify(&history, &streams);
+        eprintln!("node {node} reads {records} records, every acknowledged one exactly once");
+        match &first_view {
+            None => first_view = Some(streams),
+            Some(first) => assert_eq!(first, &streams, "every node reads the same streams"),
+        }
+    }
+}
