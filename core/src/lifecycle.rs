@@ -49,6 +49,16 @@ pub(crate) struct Lifecycle {
     obsolete_grace: Duration,
     /// When each stream was first seen empty, for delete-on-empty.
     empty_since: Mutex<HashMap<u64, Instant>>,
+    /// Each stream's oldest segment as last read (see `oldest_segment`).
+    oldest: Mutex<HashMap<u64, OldestSegment>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum OldestSegment {
+    /// Ends at this sequence number; written at this time (ms).
+    At(u64, u64),
+    /// None, while the stream's records in segments end here.
+    NoneUpTo(u64),
 }
 
 impl Lifecycle {
@@ -66,6 +76,7 @@ impl Lifecycle {
             compactor,
             obsolete_grace,
             empty_since: Mutex::default(),
+            oldest: Mutex::default(),
         }
     }
 
@@ -146,13 +157,11 @@ impl Lifecycle {
             (visible.trim_point, visible.compacted)
         };
         // Only the oldest segment is looked at unless there is something to drop.
-        let first = match compacted.seq_num {
-            0 => None,
-            _ => self.metadata.segment_at(stream.id, 0).await?,
-        };
-        if first.is_some_and(|segment| {
-            segment.end_seq() <= trim_point || segment.written_at_ms < written_before_ms
+        let first = self.oldest_segment(stream.id, compacted.seq_num).await?;
+        if first.is_some_and(|(end_seq, written_at_ms)| {
+            end_seq <= trim_point || written_at_ms < written_before_ms
         }) {
+            self.oldest.lock().remove(&stream.id);
             self.drop_segments_in_steps(stream.id, trim_point, written_before_ms)
                 .await?;
         }
@@ -162,6 +171,32 @@ impl Lifecycle {
                 .await?;
         }
         Ok(())
+    }
+
+    /// A stream's oldest segment (where it ends, when it was written), as last read from
+    /// the index: it changes only when this node drops segments (which forgets it) or,
+    /// for a stream without segments, when compaction moves `compacted` on. So a pass
+    /// reads the index for a stream only when something may have changed, and the
+    /// metadata load does not grow with the number of streams.
+    async fn oldest_segment(&self, stream_id: u64, compacted: u64) -> Result<Option<(u64, u64)>> {
+        if compacted == 0 {
+            return Ok(None);
+        }
+        let known = self.oldest.lock().get(&stream_id).copied();
+        match known {
+            Some(OldestSegment::At(end_seq, written_at_ms)) => {
+                return Ok(Some((end_seq, written_at_ms)))
+            }
+            Some(OldestSegment::NoneUpTo(seen)) if seen == compacted => return Ok(None),
+            _ => {}
+        }
+        let found = self.metadata.segment_at(stream_id, 0).await?;
+        let entry = match &found {
+            Some(segment) => OldestSegment::At(segment.end_seq(), segment.written_at_ms),
+            None => OldestSegment::NoneUpTo(compacted),
+        };
+        self.oldest.lock().insert(stream_id, entry);
+        Ok(found.map(|segment| (segment.end_seq(), segment.written_at_ms)))
     }
 
     /// Drops a stream's segments below `trim_point` or written before

@@ -88,6 +88,9 @@ impl Ownership {
                 advertise_url,
             } if epoch != self.epoch() => return Err(Error::OwnedElsewhere { advertise_url }),
             _ if placement == Placement::Balanced => {
+                // Placed by the nodes live now, not as of the last look: a node that
+                // just started must not take every new stream for itself.
+                self.membership.refresh_live_nodes().await?;
                 if let Some((epoch, advertise_url)) = self.membership.placement(record.id) {
                     if epoch != self.epoch() {
                         return Err(Error::OwnedElsewhere { advertise_url });

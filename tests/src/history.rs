@@ -20,6 +20,53 @@ pub struct History {
     pub refused: Vec<String>,
 }
 
+/// What became of a batch sent with [`send_rest_batch`].
+pub enum Sent {
+    /// Acknowledged at these positions (recorded in the history).
+    Acked { start: u64, end: u64 },
+    /// Answered with something else.
+    Refused(reqwest::Response),
+    /// No answer (or no readable one): its fate is unknown.
+    NoAnswer,
+}
+
+/// Sends batch `batch` of `size` records (`<batch>/<i>`) to stream `s{stream}` of
+/// `basin` over REST, recording it as sent first and, when acknowledged, the positions
+/// its ack gave (which must cover the whole batch).
+pub async fn send_rest_batch(
+    history: &std::sync::Mutex<History>,
+    request: reqwest::RequestBuilder,
+    basin: &str,
+    (stream, batch, size): (usize, String, usize),
+) -> Sent {
+    let records: Vec<Value> = (0..size)
+        .map(|i| json!({ "body": format!("{batch}/{i}") }))
+        .collect();
+    history.lock().unwrap().sent.insert(batch.clone(), size);
+    let response = request
+        .header("s2-basin", basin)
+        .json(&json!({ "records": records }))
+        .send()
+        .await;
+    let ack: Value = match response {
+        Ok(r) if r.status().is_success() => match r.json().await {
+            Ok(ack) => ack,
+            Err(_) => return Sent::NoAnswer,
+        },
+        Ok(r) => return Sent::Refused(r),
+        Err(_) => return Sent::NoAnswer,
+    };
+    let start = ack["start"]["seq_num"].as_u64().unwrap();
+    let end = ack["end"]["seq_num"].as_u64().unwrap();
+    assert_eq!(end - start, size as u64, "the ack covers the whole batch");
+    history
+        .lock()
+        .unwrap()
+        .acked
+        .insert(batch, (stream, start, end));
+    Sent::Acked { start, end }
+}
+
 /// A stream's records as (seq_num, timestamp, body); a Redis entry's body is its
 /// field `b`, an OTLP record's the body of its one log record.
 pub async fn read_all(endpoint: &str, basin: &str, stream: usize) -> Vec<(u64, u64, String)> {

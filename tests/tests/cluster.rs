@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use serde_json::{json, Value};
 use streamgate_tests::cluster::Cluster;
-use streamgate_tests::history::{read_all, verify, History};
+use streamgate_tests::history::{read_all, send_rest_batch, verify, History, Sent};
 use streamgate_tests::proxy::{Mode, Proxy};
 use streamgate_tests::resp::{Connection, Reply};
 use streamgate_tests::s2s::AppendSession;
@@ -259,39 +259,22 @@ async fn write_through(
         };
         let batch = format!("w{writer}b{n}");
         n += 1;
-        let records: Vec<Value> = (0..size)
-            .map(|i| json!({ "body": format!("{batch}/{i}") }))
-            .collect();
-        history.lock().unwrap().sent.insert(batch.clone(), size);
-        let response = http
+        let request = http
             .post(format!("{endpoint}/v1/streams/s{stream}/records"))
-            .header("s2-basin", BASIN)
-            .json(&json!({ "records": records }))
-            .timeout(Duration::from_secs(20))
-            .send()
-            .await;
-        match response {
-            Ok(r) if r.status().is_success() => {
-                let ack: Value = r.json().await.unwrap();
-                let start = ack["start"]["seq_num"].as_u64().unwrap();
-                let end = ack["end"]["seq_num"].as_u64().unwrap();
-                assert_eq!(end - start, size as u64, "the ack covers the whole batch");
-                history
-                    .lock()
-                    .unwrap()
-                    .acked
-                    .insert(batch, (stream, start, end));
+            .timeout(Duration::from_secs(20));
+        match send_rest_batch(&history, request, BASIN, (stream, batch, size)).await {
+            Sent::Acked { .. } => {
                 acks_by_stream
                     .lock()
                     .unwrap()
                     .insert(stream, Instant::now());
             }
-            Ok(r) => {
+            Sent::Refused(r) => {
                 // Only a retryable refusal is expected while a node is down.
                 assert!(r.status() == 503, "unexpected answer {}", r.status());
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Sent::NoAnswer => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
 }

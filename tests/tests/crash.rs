@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use reqwest::Client;
 use serde_json::{json, Value};
-use streamgate_tests::history::{read_all, verify, History};
+use streamgate_tests::history::{read_all, send_rest_batch, verify, History, Sent};
 use streamgate_tests::resp::{Connection, Reply};
 use streamgate_tests::s2s::{AppendSession, SessionEnd};
 use streamgate_tests::Server;
@@ -103,39 +103,19 @@ async fn append_until_failure(
         };
         let batch = format!("c{id}r{round}n{n}");
         n += 1;
-        let records: Vec<Value> = (0..size)
-            .map(|i| json!({"body": format!("{batch}/{i}")}))
-            .collect();
-        history.lock().unwrap().sent.insert(batch.clone(), size);
-        let response = client
-            .post(format!("{endpoint}/v1/streams/s{stream}/records"))
-            .header("s2-basin", BASIN)
-            .json(&json!({ "records": records }))
-            .send()
-            .await;
-        let ack: Value = match response {
-            Ok(r) if r.status().is_success() => match r.json().await {
-                Ok(ack) => ack,
-                Err(_) => return killing.lost("reading an append's ack"),
-            },
-            Ok(r) if r.status() == 503 => {
+        let request = client.post(format!("{endpoint}/v1/streams/s{stream}/records"));
+        match send_rest_batch(&history, request, BASIN, (stream, batch.clone(), size)).await {
+            Sent::Acked { .. } => {}
+            Sent::Refused(r) if r.status() == 503 => {
                 let error: Value = r.json().await.unwrap();
                 assert_eq!(error["code"], "server_draining");
                 history.lock().unwrap().refused.push(batch);
                 return killing.lost("an append (refused: draining)");
             }
-            Ok(r) => panic!("append failed while the server was up: {}", r.status()),
+            Sent::Refused(r) => panic!("append failed while the server was up: {}", r.status()),
             // The server died: this batch's fate is unknown.
-            Err(_) => return killing.lost("a unary append"),
-        };
-        let start = ack["start"]["seq_num"].as_u64().unwrap();
-        let end = ack["end"]["seq_num"].as_u64().unwrap();
-        assert_eq!(end - start, size as u64, "the ack covers the whole batch");
-        history
-            .lock()
-            .unwrap()
-            .acked
-            .insert(batch, (stream, start, end));
+            Sent::NoAnswer => return killing.lost("a unary append"),
+        }
     }
 }
 
