@@ -174,12 +174,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         },
     };
     let resp_addr = resp_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+    // Only nodes that share PostgreSQL and a bucket can form a cluster.
+    let shared = matches!(metadata_location, StoreLocation::Server(_))
+        && matches!(objects_location, StoreLocation::Server(_));
     print_banner(
         &args,
         addr,
         resp_addr,
         tls.is_some(),
-        &metadata_description,
+        (&metadata_description, shared),
         &engine,
         &root_token,
     );
@@ -307,7 +310,7 @@ fn print_banner(
     addr: std::net::SocketAddr,
     resp: Option<std::net::SocketAddr>,
     tls: bool,
-    metadata: &str,
+    (metadata, shared): (&str, bool),
     engine: &Engine,
     root_token: &str,
 ) {
@@ -349,13 +352,19 @@ fn print_banner(
         settings.reap_interval.as_secs()
     );
     let node = engine.node();
-    println!(
-        "  cluster:       node {} at {} (lease {} s); streams served here: {}; view: {endpoint}/cluster",
-        engine.epoch(),
-        node.advertise_url,
-        node.lease.as_secs(),
-        engine.streams_served()
-    );
+    if shared {
+        println!(
+            "  cluster:       node {} at {} (lease {} s); streams served here: {}; view: {endpoint}/cluster",
+            engine.epoch(),
+            node.advertise_url,
+            node.lease.as_secs(),
+            engine.streams_served()
+        );
+    } else {
+        println!(
+            "  cluster:       one node (nodes started with the same --metadata postgres://… and --objects s3://… form a cluster)"
+        );
+    }
     println!("  operations:    {endpoint}/health (liveness), {endpoint}/ready (readiness: 503 and why while appends cannot be made durable)");
     println!("Point the s2 CLI and SDKs at it:");
     println!("  export S2_ACCOUNT_ENDPOINT={endpoint}");
