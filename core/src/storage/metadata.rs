@@ -117,8 +117,9 @@ pub trait MetadataStore: Send + Sync + 'static {
         lease_ms: u64,
     ) -> Result<()>;
     /// Renews this node's lease (and with it every stream lease it holds) to `lease_ms`
-    /// from now, in one statement; `false` if any of its streams were taken meanwhile
-    /// (or the node is unknown): it must stop, for its leases are gone.
+    /// from now, in one statement; `false` if any of its streams were taken meanwhile,
+    /// or it left the cluster (or a later run of it joined), or it is unknown: it must
+    /// stop, for its leases are gone. A renewal that arrives late never undoes a leave.
     async fn renew_lease(&self, epoch: u64, lease_ms: u64) -> Result<bool>;
     /// Ends this node's lease now, so others take its streams without waiting for it to
     /// run out: the last step of a shutdown, once nothing more is written.
@@ -585,6 +586,20 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         [(ids[0], false)]
     );
 
+    // A node that left can never renew again (a late renewal must not undo it), nor
+    // claim or commit anything.
+    let gone = store.next_epoch().await.unwrap();
+    store
+        .join_cluster(gone, "node-gone", "http://g", minute)
+        .await
+        .unwrap();
+    store.leave_cluster(gone).await.unwrap();
+    assert!(!store.renew_lease(gone, minute).await.unwrap());
+    assert!(matches!(
+        store.claim_streams(gone, &ids[2..]).await,
+        Err(Error::LeaseLost)
+    ));
+
     // A node started again under the same identity ends its earlier run's lease.
     let c2 = store.next_epoch().await.unwrap();
     store
@@ -605,7 +620,7 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
     for id in ids {
         store.remove_stream(id).await.unwrap();
     }
-    for epoch in [a, c, c2] {
+    for epoch in [a, c, c2, gone] {
         store.forget_node(epoch).await.unwrap();
     }
 }

@@ -68,7 +68,7 @@ impl SqlMetadataStore {
     pub(super) async fn cluster_renew(&self, epoch: u64, lease_ms: u64) -> Result<bool> {
         let renewed = sqlx::query(&self.sql(
             "UPDATE nodes SET lease_expires_ms = {now} + $2, heartbeat_at_ms = {now} \
-             WHERE epoch = $1 AND leases_lost = 0",
+             WHERE epoch = $1 AND leases_lost = 0 AND lease_expires_ms <> 0",
         ))
         .bind(epoch as i64)
         .bind(lease_ms as i64)
@@ -147,20 +147,21 @@ impl SqlMetadataStore {
         })
     }
 
-    /// Fails unless node `epoch` is known and none of its leases were taken.
+    /// Fails unless node `epoch` is known, has not left (nor been retired by a later run
+    /// of itself), and none of its leases were taken.
     pub(super) async fn check_intact(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Any>,
         epoch: u64,
     ) -> Result<()> {
-        let lost: Option<i64> =
-            sqlx::query_scalar("SELECT leases_lost FROM nodes WHERE epoch = $1")
+        let state: Option<(i64, i64)> =
+            sqlx::query_as("SELECT leases_lost, lease_expires_ms FROM nodes WHERE epoch = $1")
                 .bind(epoch as i64)
                 .fetch_optional(&mut **tx)
                 .await
                 .map_err(db)?;
-        match lost {
-            Some(0) => Ok(()),
+        match state {
+            Some((0, expires)) if expires != 0 => Ok(()),
             _ => Err(Error::LeaseLost),
         }
     }
