@@ -6,11 +6,10 @@
 //! - object store (S3) away: appends are refused retryably (`503 unavailable`, RESP
 //!   `TRYAGAIN`) or wait; nothing sent during the outage is acknowledged before the store
 //!   is back; readiness says why; appends resume by themselves afterwards;
-//! - metadata store (PostgreSQL) away: appends to existing streams go on while the
-//!   node's lease holds (metadata is not on the append path, and tokens verified earlier
-//!   stay honoured), then are refused retryably until the lease is renewed; control-plane
-//!   calls fail retryably within a bounded time instead of hanging; everything resumes
-//!   after.
+//! - metadata store (PostgreSQL) away for less than the node's lease: appends to
+//!   existing streams go on (metadata is not on the append path, and tokens verified
+//!   earlier stay honoured); control-plane calls fail retryably within a bounded time
+//!   instead of hanging; everything resumes after.
 //!
 //! Afterwards the server is killed with `kill -9` and restarted, and every acknowledged
 //! record must be present exactly once at its position, and every refused one absent.
@@ -489,15 +488,16 @@ async fn an_object_store_outage_is_weathered_without_a_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_metadata_store_outage_leaves_appends_running_while_the_lease_holds() {
+async fn a_metadata_store_outage_within_the_lease_leaves_appends_running() {
     let database = format!("streamgate_test_outage_{}", std::process::id());
     let dir = tempfile::tempdir().unwrap();
-    let lease = Duration::from_secs(6);
+    // A lease longer than both outages together: appends must go on throughout.
+    // (What happens past the lease is `cluster.rs`'s metadata cut.)
     let (proxy, mut server) = server_with_metadata_behind_proxy_and_flags(
         &streamgate_tests::backends::postgres_server(),
         dir.path(),
         &database,
-        &["--lease-secs", "6"],
+        &["--lease-secs", "120"],
     )
     .await;
     create_test_streams(&server).await;
@@ -571,44 +571,10 @@ async fn a_metadata_store_outage_leaves_appends_running_while_the_lease_holds() 
         assert_eq!(body["code"], "unavailable", "{phase:?}: {body}");
     }
     assert!(acked_during > 0, "appends went on during the outage");
-    // While the lease surely held (a fifth short of it, less a little for the last
-    // renewal's timing), no append failed; past it, appends were refused retryably
-    // (or held until the store came back, then acknowledged): none went unanswered.
-    // The lease holds for a fifth less than its time after the start of the last
-    // renewal that succeeded before an outage, which may have been a couple of renewal
-    // intervals (a quarter of the lease each) before it, more right after an earlier
-    // outage while connections are made again: the first second of each outage is
-    // surely inside the lease. It is renewed again within an interval (plus a moment)
-    // after the outage.
-    let lapsed = |a: &Attempt| {
-        spells.iter().any(|s| {
-            a.sent_at >= s.began + Duration::from_secs(1)
-                && a.sent_at < s.ended + lease / 4 + Duration::from_secs(1)
-        })
-    };
-    let failed_while_held: Vec<String> = log
-        .lock()
-        .unwrap()
-        .attempts
-        .iter()
-        .filter(|a| !lapsed(a) && a.outcome != Outcome::Acked)
-        .map(|a| {
-            let since = |t: Instant| a.sent_at.saturating_duration_since(t).as_secs_f64();
-            let s = &spells[usize::from(a.sent_at > spells[0].ended)];
-            format!(
-                "{:?} sent {:.2} s after an outage began, {:.2} s after it ended",
-                a.outcome,
-                since(s.began),
-                since(s.ended)
-            )
-        })
-        .collect();
-    assert!(
-        failed_while_held.is_empty(),
-        "no append failed because the metadata store was away while the lease held: {failed_while_held:?}"
+    assert_eq!(
+        failed, 0,
+        "no append failed because the metadata store was away (within the lease)"
     );
-    let unanswered = count(&log, |a| a.outcome == Outcome::Unknown);
-    assert_eq!(unanswered, 0, "every append was answered");
 
     // Compaction caught up once the store was back: the WAL empties into segments.
     let wal = dir.path().join("objects").join("wal");
