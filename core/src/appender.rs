@@ -37,6 +37,15 @@ pub(crate) struct Appender {
     membership: Arc<Membership>,
 }
 
+/// What became of a submitted append that was not refused.
+pub(crate) enum Submission {
+    /// Sequenced here: its acknowledgement, to await.
+    Sequenced(PendingAck),
+    /// The stream was handed to another node before the batch could be sequenced
+    /// here: nothing of it was appended, and it is given back to go there instead.
+    Moved(AppendInput, ValidBatch),
+}
+
 /// The acknowledgement of a submitted append: resolves once the batch is durable.
 pub struct PendingAck(oneshot::Receiver<Result<AppendAck>>);
 
@@ -91,7 +100,7 @@ impl Appender {
         input: AppendInput,
         valid: ValidBatch,
         now_ms: u64,
-    ) -> Result<PendingAck> {
+    ) -> Result<Submission> {
         let budget = self.budget(valid.metered).await?;
         // The store may have started failing while this append waited.
         self.check_accepting()?;
@@ -100,6 +109,11 @@ impl Appender {
         let wal = self.wal.read().clone();
         let wal = wal.ok_or(Error::ServerDraining)?;
         let mut sequencer = stream.sequencer().lock().await;
+        // Checked under the sequencer lock, which the hand-off takes after marking the
+        // stream: every batch sequenced here is one the hand-off waits for.
+        if stream.is_moved() {
+            return Ok(Submission::Moved(input, valid));
+        }
         // The queue slot is reserved before anything is sequenced: if this future is
         // dropped while waiting (a client hanging up under load), nothing has changed.
         // Once sequenced, the hand-off below cannot wait or fail, and it happens while
@@ -141,7 +155,7 @@ impl Appender {
             done,
             _budget: budget,
         });
-        Ok(PendingAck(ack))
+        Ok(Submission::Sequenced(PendingAck(ack)))
     }
 
     /// Takes a batch's share of the in-flight budget. Waiting for it changes nothing,

@@ -9,7 +9,7 @@ use crate::access::{AccessTokenInfo, Operation, Principal, ResourceSet, Target};
 use crate::appender::PendingAck;
 use crate::catalog::Provisioned;
 use crate::config::{BasinConfig, BasinReconfiguration, StreamConfig, StreamReconfiguration};
-use crate::engine::Engine;
+use crate::engine::{Engine, Submitted};
 use crate::error::{Error, Resource, Result};
 use crate::names::{BasinName, StreamName};
 use crate::read::{ReadBatch, ReadLimits, ReadRequest, ReadStart, StreamReader};
@@ -27,6 +27,9 @@ pub struct Caller {
     /// The token itself, for calls this node makes on the caller's behalf at the node
     /// that sequences a stream (see `remote`); `None` for root access.
     bearer: Option<Arc<str>>,
+    /// The request was forwarded here by another node: it is not sent on again (see
+    /// `remote_at`), so a request can never travel in a circle between nodes.
+    forwarded: bool,
 }
 
 impl Caller {
@@ -44,6 +47,7 @@ impl Caller {
             principal,
             digest: Some(digest),
             bearer: Some(bearer.into()),
+            forwarded: false,
         })
     }
 
@@ -54,6 +58,15 @@ impl Caller {
             principal: Arc::new(Principal::root()),
             digest: None,
             bearer: None,
+            forwarded: false,
+        }
+    }
+
+    /// The same caller, for a request another node forwarded here.
+    pub fn forwarded(self) -> Caller {
+        Caller {
+            forwarded: true,
+            ..self
         }
     }
 
@@ -343,36 +356,41 @@ impl Caller {
             };
             self.principal.check(op, Target::Stream(basin, &stored))?;
         }
-        // A copy is kept only for a stream another node may sequence.
-        let copy = match self.engine.serves(basin, &stored) {
-            true => None,
-            false => Some(input.clone()),
-        };
         match self
             .engine
             .submit_append(basin, &stored, input, create_config)
             .await
         {
-            Err(Error::OwnedElsewhere { advertise_url }) if copy.is_some() => {
+            Ok(Submitted::Here(ack)) => Ok(ack),
+            Ok(Submitted::Elsewhere {
+                advertise_url,
+                input,
+            }) => {
                 let (remote, at) = self.remote_at(advertise_url, basin, name)?;
-                let input = copy.expect("kept for this");
                 // Made whole before the next append is submitted, so appends of one
                 // pipeline land in the order they were submitted.
                 Ok(PendingAck::ready(remote.append(&at, input).await))
             }
-            outcome => outcome.map_err(|e| self.error(e)),
+            Err(err) => Err(self.error(err)),
         }
     }
 
     /// Where a call on `name` goes when the node at `advertise_url` sequences it: that
     /// node, with this caller's own token. Without a way to reach it (root access, or a
-    /// front end without peers), the `OwnedElsewhere` error stands.
+    /// front end without peers, or a request that was forwarded once already), the
+    /// `OwnedElsewhere` error stands.
     fn remote_at(
         &self,
         advertise_url: String,
         basin: &BasinName,
         name: &StreamName,
     ) -> Result<(Arc<dyn RemoteStreams>, RemoteStream)> {
+        // A forwarded request goes on only from a node that is handing its streams
+        // over (the node that forwarded it looked before the hand-off was recorded);
+        // the node it goes on to never sends it further.
+        if self.forwarded && !self.engine.is_leaving() {
+            return Err(Error::OwnedElsewhere { advertise_url });
+        }
         match (self.engine.remote(), &self.bearer) {
             (Some(remote), Some(bearer)) => Ok((
                 remote,

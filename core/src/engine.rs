@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
 use crate::access::TokenRegistry;
-use crate::appender::{Appender, PendingAck};
+use crate::appender::{Appender, PendingAck, Submission};
 use crate::cache::ChunkCache;
 use crate::catalog::{AutoCreate, Catalog};
 use crate::compaction::CompactionState;
@@ -75,8 +75,23 @@ impl Default for EngineSettings {
 /// committed later is still seen.
 const CHANGE_CLOCK_SLACK_MS: i64 = 5_000;
 
+/// How long a hand-off waits for the appends accepted on the streams it hands over to
+/// become durable.
+const HAND_OFF_DURABILITY_WAIT: Duration = Duration::from_secs(10);
+
 /// The least time obsolete objects stay after the commit that made them obsolete.
 const MIN_OBSOLETE_GRACE: Duration = Duration::from_secs(5);
+
+/// Where an append went.
+pub(crate) enum Submitted {
+    /// Sequenced here: its acknowledgement, to await.
+    Here(PendingAck),
+    /// Not appended: the node at `advertise_url` sequences the stream.
+    Elsewhere {
+        advertise_url: String,
+        input: AppendInput,
+    },
+}
 
 /// Where a request on a stream is served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -342,6 +357,11 @@ impl Engine {
     /// rounds did, summed.
     pub async fn compact(&self) -> Result<CompactionStats> {
         let mut total = CompactionStats::default();
+        if self.inner.membership.is_leaving() {
+            // Its streams went to other nodes, which rebuild them from this node's log:
+            // it stays as it is until they have, and then goes with this node.
+            return Ok(total);
+        }
         loop {
             let round = self
                 .inner
@@ -362,7 +382,11 @@ impl Engine {
     pub async fn run_lifecycle(&self) -> Result<()> {
         // Acting on a stream (deleting it when empty, say) needs the lease on it.
         self.inner.membership.check()?;
-        let leader = self.inner.membership.rank().0 == 0;
+        let leader = self
+            .inner
+            .membership
+            .rank()
+            .is_some_and(|(rank, _)| rank == 0);
         let lease = self.inner.settings.cluster.lease;
         self.inner.lifecycle.run_pass(leader.then_some(lease)).await
     }
@@ -401,9 +425,9 @@ impl Engine {
         self.inner.remote.get().cloned()
     }
 
-    /// Whether this node sequences the stream now.
-    pub(crate) fn serves(&self, basin: &BasinName, name: &StreamName) -> bool {
-        self.inner.registry.get(basin, name).is_some()
+    /// Whether this node is shutting down, having handed its streams over.
+    pub(crate) fn is_leaving(&self) -> bool {
+        self.inner.membership.is_leaving()
     }
 
     /// How many streams this node sequences now.
@@ -468,6 +492,30 @@ impl Engine {
         self.inner.appender.unready_reason()
     }
 
+    /// The first step of a shutdown in a cluster: hands every stream this node
+    /// sequences to the other nodes (see `Ownership::hand_off`), so that no append
+    /// fails for it; requests that reach this node afterwards are forwarded to them.
+    /// If it cannot (the store is away), the shutdown goes on without: other nodes take
+    /// the streams once this node has left, replaying its log. How many it handed over.
+    pub async fn hand_off(&self) -> usize {
+        match self
+            .inner
+            .ownership
+            .hand_off(HAND_OFF_DURABILITY_WAIT)
+            .await
+        {
+            Ok(0) => 0,
+            Ok(streams) => {
+                tracing::info!(streams, "handed this node's streams to the other nodes");
+                streams
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not hand this node's streams over; other nodes take them over once it has left");
+                0
+            }
+        }
+    }
+
     /// Starts draining: new appends are refused with `server_draining` (accepted ones
     /// go on), and readiness says the server is shutting down.
     pub fn begin_drain(&self) {
@@ -521,34 +569,53 @@ impl Engine {
             .map(|_| ())
     }
 
-    /// Checks and sequences a batch now, and returns its acknowledgement to await. Batches
-    /// submitted one after another are sequenced, made durable and acknowledged in that
-    /// order, so a session can keep many in flight. An error here (a failed condition,
-    /// bad input) means the batch was not appended.
+    /// Checks and sequences a batch now, and returns its acknowledgement to await, or
+    /// gives it back with the node that sequences the stream. Batches submitted one
+    /// after another are sequenced, made durable and acknowledged in that order, so a
+    /// session can keep many in flight. An error here (a failed condition, bad input)
+    /// means the batch was not appended.
     pub(crate) async fn submit_append(
         &self,
         basin: &BasinName,
         name: &StreamName,
         input: AppendInput,
         create_config: Option<&StreamConfig>,
-    ) -> Result<PendingAck> {
+    ) -> Result<Submitted> {
         crate::crash_point::panic_point(&input.records);
-        let valid = input.validate()?;
+        let mut valid = input.validate()?;
+        let mut input = input;
         let appender = &self.inner.appender;
-        appender.check_accepting()?;
         let create_config = create_config.copied().unwrap_or_default();
-        let stream = self
-            .catalog()
-            .stream_for(
-                basin,
-                name,
-                Some((AutoCreate::OnAppend, &create_config)),
-                Placement::Here,
-            )
-            .await?;
-        appender
-            .submit(&stream, input, valid, crate::record::now_ms())
-            .await
+        loop {
+            let stream = match self
+                .catalog()
+                .stream_for(
+                    basin,
+                    name,
+                    Some((AutoCreate::OnAppend, &create_config)),
+                    Placement::Here,
+                )
+                .await
+            {
+                Ok(stream) => stream,
+                Err(Error::OwnedElsewhere { advertise_url }) => {
+                    return Ok(Submitted::Elsewhere {
+                        advertise_url,
+                        input,
+                    })
+                }
+                Err(err) => return Err(err),
+            };
+            match appender
+                .submit(&stream, input, valid, crate::record::now_ms())
+                .await?
+            {
+                Submission::Sequenced(ack) => return Ok(Submitted::Here(ack)),
+                // Handed over meanwhile: the stream is looked up again, and is no longer
+                // here (the hand-off took it out of the registry before marking it).
+                Submission::Moved(back, checked) => (input, valid) = (back, checked),
+            }
+        }
     }
 
     pub(crate) async fn check_tail(

@@ -132,6 +132,10 @@ pub enum Error {
         "the stream is served by the node at {advertise_url}; send the request there, or retry"
     )]
     OwnedElsewhere { advertise_url: String },
+    /// This node handed the stream to another one (it is shutting down) while the
+    /// request was under way here; nothing of the request was done.
+    #[error("this node handed the stream to another node while shutting down; retry, and the retry reaches the node that serves it now")]
+    StreamMoved,
     #[error("{0} is not implemented by this server yet")]
     NotImplemented(String),
     /// No access token, an unknown or revoked one, or an expired one.
@@ -164,7 +168,8 @@ impl Error {
             Error::Unavailable(_)
             | Error::ServerDraining
             | Error::LeaseLost
-            | Error::OwnedElsewhere { .. } => ErrorKind::Unavailable,
+            | Error::OwnedElsewhere { .. }
+            | Error::StreamMoved => ErrorKind::Unavailable,
             Error::NotImplemented(_) => ErrorKind::NotImplemented,
             Error::Unauthenticated(_) => ErrorKind::Unauthenticated,
             Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
@@ -186,9 +191,10 @@ impl Error {
             Error::SeqNumMismatch(_) | Error::FencingTokenMismatch(_) => "append_condition_failed",
             Error::RangeNotSatisfiable { .. } => "range_not_satisfiable",
             Error::Storage(_) => "storage",
-            Error::Unavailable(_) | Error::LeaseLost | Error::OwnedElsewhere { .. } => {
-                "unavailable"
-            }
+            Error::Unavailable(_)
+            | Error::LeaseLost
+            | Error::OwnedElsewhere { .. }
+            | Error::StreamMoved => "unavailable",
             Error::ServerDraining => "server_draining",
             Error::NotImplemented(_) => "not_implemented",
             Error::Unauthenticated(_) => "authn",

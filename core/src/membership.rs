@@ -7,6 +7,7 @@
 //! lease time, less a margin: the store set the expiry later than that start, so no
 //! other node can take a stream before this node has stopped acknowledging.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,6 +78,8 @@ pub(crate) struct Membership {
     live_nodes: RwLock<Vec<(u64, String)>>,
     /// Since when the lease has held without a break.
     holding_since: RwLock<Option<Instant>>,
+    /// Shutting down: handing its streams to the others, taking none.
+    leaving: AtomicBool,
 }
 
 impl Membership {
@@ -103,6 +106,7 @@ impl Membership {
             settings,
             live_nodes: RwLock::default(),
             holding_since: RwLock::new(Some(started)),
+            leaving: AtomicBool::new(false),
         });
         membership.refresh_live_nodes().await?;
         Ok(membership)
@@ -126,6 +130,24 @@ impl Membership {
 
     pub fn is_lost(&self) -> bool {
         *self.state.borrow() == LeaseState::Lost
+    }
+
+    /// Whether this node is shutting down and handing its streams over.
+    pub fn is_leaving(&self) -> bool {
+        self.leaving.load(Ordering::SeqCst)
+    }
+
+    /// Starts leaving: the metadata store stops placing streams here, and so does this
+    /// node. `false` (and nothing changes) when no other node is live to take over.
+    pub async fn begin_leaving(&self) -> Result<bool> {
+        self.refresh_live_nodes().await?;
+        if !self.live_nodes.read().iter().any(|(e, _)| *e != self.epoch) {
+            return Ok(false);
+        }
+        self.metadata.begin_leaving(self.epoch).await?;
+        self.leaving.store(true, Ordering::SeqCst);
+        self.refresh_live_nodes().await?;
+        Ok(true)
     }
 
     /// How long the lease has held without a break, if it holds.
@@ -185,7 +207,8 @@ impl Membership {
 
     pub async fn refresh_live_nodes(&self) -> Result<()> {
         let mut nodes = self.metadata.live_nodes().await?;
-        if !nodes.iter().any(|(epoch, _)| *epoch == self.epoch) && self.holds() {
+        let counts_itself = self.holds() && !self.is_leaving();
+        if !nodes.iter().any(|(epoch, _)| *epoch == self.epoch) && counts_itself {
             // Its own renewal is what counts for this node, not the store's last word.
             nodes.push((self.epoch, self.settings.advertise_url.clone()));
             nodes.sort();
@@ -204,13 +227,11 @@ impl Membership {
         Some(nodes[(stream_id % nodes.len() as u64) as usize].clone())
     }
 
-    /// This node's rank among the live nodes and their number.
-    pub fn rank(&self) -> (usize, usize) {
+    /// This node's rank among the live nodes and their number; `None` while it is not
+    /// one of them (leaving, or its lease lapsed).
+    pub fn rank(&self) -> Option<(usize, usize)> {
         let nodes = self.live_nodes.read();
-        let rank = nodes
-            .iter()
-            .position(|(e, _)| *e == self.epoch)
-            .unwrap_or(0);
-        (rank, nodes.len().max(1))
+        let rank = nodes.iter().position(|(e, _)| *e == self.epoch)?;
+        Some((rank, nodes.len()))
     }
 }

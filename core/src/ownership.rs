@@ -22,6 +22,10 @@ use crate::stream::{SequencedBatch, SequencerState, StreamState};
 use crate::wal::recovery::{legacy_epochs, replay_logs, StreamReplay};
 use crate::wal::StoredRecord;
 
+fn changing_owner() -> Error {
+    Error::Unavailable("the stream is changing owner; retry shortly".into())
+}
+
 /// Streams claimed per metadata transaction in a bulk takeover.
 const CLAIMS_PER_STEP: usize = 500;
 
@@ -44,6 +48,9 @@ pub(crate) struct Ownership {
     compactor: Arc<Compactor>,
     /// One takeover at a time: a stream wanted by several requests is taken once.
     takeovers: tokio::sync::Mutex<()>,
+    /// Held (written) while streams are handed to other nodes: a request for one of
+    /// them waits until the hand-off is recorded, then finds its new home.
+    handing_off: tokio::sync::RwLock<()>,
 }
 
 impl Ownership {
@@ -63,6 +70,7 @@ impl Ownership {
             appender,
             compactor,
             takeovers: tokio::sync::Mutex::new(()),
+            handing_off: tokio::sync::RwLock::new(()),
         }
     }
 
@@ -82,11 +90,29 @@ impl Ownership {
             return Ok(state);
         }
         self.membership.check()?;
+        // A stream being handed over is found again once the hand-off is recorded.
+        let _settled = self.handing_off.read().await;
+        if let Some(state) = self.registry.get_id(&record.basin, &record.name, record.id) {
+            return Ok(state);
+        }
         match self.metadata.stream_owner(record.id).await? {
             StreamOwner::Live {
                 epoch,
                 advertise_url,
             } if epoch != self.epoch() => return Err(Error::OwnedElsewhere { advertise_url }),
+            // Still this node's: its hand-off failed; others take it once this node
+            // has left.
+            StreamOwner::Live { .. } if self.membership.is_leaving() => {
+                return Err(changing_owner())
+            }
+            _ if self.membership.is_leaving() => {
+                // Shutting down: the stream goes to one of the nodes that stay.
+                self.membership.refresh_live_nodes().await?;
+                return match self.membership.placement(record.id) {
+                    Some((_, advertise_url)) => Err(Error::OwnedElsewhere { advertise_url }),
+                    None => Err(Error::ServerDraining),
+                };
+            }
             _ if placement == Placement::Balanced => {
                 // Placed by the nodes live now, not as of the last look: a node that
                 // just started must not take every new stream for itself.
@@ -104,14 +130,61 @@ impl Ownership {
             Some(state) => Ok(state),
             // Another node claimed it first.
             None => match self.metadata.stream_owner(record.id).await? {
-                StreamOwner::Live { advertise_url, .. } => {
-                    Err(Error::OwnedElsewhere { advertise_url })
-                }
-                _ => Err(Error::Unavailable(
-                    "the stream is changing owner; retry shortly".into(),
-                )),
+                StreamOwner::Live {
+                    epoch,
+                    advertise_url,
+                } if epoch != self.epoch() => Err(Error::OwnedElsewhere { advertise_url }),
+                _ => Err(changing_owner()),
             },
         }
+    }
+
+    /// Hands every stream this node sequences to the other nodes, for a shutdown that
+    /// fails no append: each stream is taken out of service here, everything accepted
+    /// on it becomes durable, and then its lease is given up, so the next request for
+    /// it (at any node) has another node take it over from this node's log. Requests
+    /// that arrive meanwhile wait and then go there. How many streams it handed over;
+    /// nothing is handed over when no other node is live.
+    pub async fn hand_off(&self, wait_for_durability: std::time::Duration) -> Result<usize> {
+        if !self.membership.begin_leaving().await? {
+            return Ok(0);
+        }
+        let _no_requests_meanwhile = self.handing_off.write().await;
+        let _no_takeovers = self.takeovers.lock().await;
+        // No compaction commit may race the release: it would index records of a stream
+        // whose new owner rebuilds them from the log.
+        let _no_compaction = self.compactor.pause().await;
+        let streams = self.registry.by_id();
+        // Out of the registry first, so a batch refused as moved finds the stream gone.
+        for id in streams.keys() {
+            self.registry.remove_id(*id);
+        }
+        for state in streams.values() {
+            state.mark_moved();
+        }
+        let durable = async {
+            for state in streams.values() {
+                // Once the sequencer is free, every batch sequenced before the mark is
+                // on its way to the log, and none after it.
+                let sequenced = state.sequencer().lock().await.next_seq;
+                match state.durable_through(sequenced).await {
+                    Ok(()) | Err(Error::DeletionPending(_)) => {}
+                    Err(err) => return Err(err),
+                }
+            }
+            Ok(())
+        };
+        tokio::time::timeout(wait_for_durability, durable)
+            .await
+            .map_err(|_| {
+                Error::Unavailable(format!(
+                    "the appends accepted on this node's streams did not become durable                      within {} s",
+                    wait_for_durability.as_secs()
+                ))
+            })??;
+        let ids: Vec<u64> = streams.keys().copied().collect();
+        self.metadata.release_streams(self.epoch(), &ids).await?;
+        Ok(ids.len())
     }
 
     /// Takes over those of `records` that no live node holds: claims them, rebuilds
@@ -269,7 +342,9 @@ impl Ownership {
     pub async fn take_orphans(&self, at_start: bool) -> Result<usize> {
         self.membership.check()?;
         let identity = &self.membership.settings().identity;
-        let (rank, nodes) = self.membership.rank();
+        let Some((rank, nodes)) = self.membership.rank() else {
+            return Ok(0); // leaving, or not live: it takes nothing
+        };
         let mut taken = 0;
         loop {
             let orphans = self.metadata.orphaned_streams(10_000).await?;
@@ -277,9 +352,8 @@ impl Ownership {
                 .iter()
                 .filter(|o| {
                     let was_ours = o.previous_identity.as_deref() == Some(identity.as_str());
-                    let legacy = o.previous_identity.is_none();
                     let share = (o.stream.id % nodes as u64) as usize == rank;
-                    was_ours || share || (at_start && legacy)
+                    was_ours || share || (at_start && o.legacy)
                 })
                 .map(|o| o.stream.clone())
                 .collect();

@@ -178,8 +178,12 @@ impl StreamReader {
             if !batch.records.is_empty() || bounded {
                 return Ok(batch);
             }
-            if !self.wait_for_records(Some(deadline)).await? {
-                return Ok(ReadBatch::default());
+            match self.wait_for_records(Some(deadline)).await {
+                Ok(true) => {}
+                // Handed to another node while waiting: what a wait that ran out
+                // answers (the client's next read reaches the new owner).
+                Ok(false) | Err(Error::StreamMoved) => return Ok(ReadBatch::default()),
+                Err(err) => return Err(err),
             }
         }
     }
@@ -366,6 +370,8 @@ impl LocalReader {
     }
 
     async fn next_batch(&mut self, limits: ReadLimits) -> Result<(ReadBatch, bool)> {
+        // A stream handed to another node can still be read here up to its tail; only
+        // waiting for more ends (`wait_for_records`).
         if self.state.is_deleted() {
             return Err(Error::DeletionPending(Resource::Stream(
                 self.state.name.clone(),
@@ -399,10 +405,8 @@ impl LocalReader {
 
     async fn wait_for_records(&mut self, deadline: Option<Instant>) -> Result<bool> {
         loop {
-            if self.state.is_deleted() {
-                return Err(Error::DeletionPending(Resource::Stream(
-                    self.state.name.clone(),
-                )));
+            if let Some(closed) = self.state.closed() {
+                return Err(closed);
             }
             if !self.at_tail() {
                 return Ok(true);

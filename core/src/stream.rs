@@ -7,7 +7,7 @@
 //!   in the WAL. Readers only ever see this half, so they never see a record before it is
 //!   durable. Followers wait on `tail_tx`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -27,8 +27,16 @@ pub(crate) struct StreamState {
     sequencer: Mutex<SequencerState>,
     visible: RwLock<VisibleState>,
     tail_tx: watch::Sender<StreamPosition>,
-    deleted: AtomicBool,
+    /// `OPEN`, `MOVED` or `DELETED`: whether this node still sequences the stream.
+    closed: AtomicU8,
 }
+
+/// The stream is served here.
+const OPEN: u8 = 0;
+/// Handed to another node: nothing more is sequenced here, followers end.
+const MOVED: u8 = 1;
+/// Deleted.
+const DELETED: u8 = 2;
 
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SequencerState {
@@ -131,7 +139,7 @@ impl StreamState {
             sequencer: Mutex::new(recovered),
             visible: RwLock::new(visible),
             tail_tx: watch::Sender::new(tail),
-            deleted: AtomicBool::new(false),
+            closed: AtomicU8::new(OPEN),
         })
     }
 
@@ -145,12 +153,34 @@ impl StreamState {
 
     /// Marks the stream deleted and wakes its followers so they can end.
     pub fn mark_deleted(&self) {
-        self.deleted.store(true, Ordering::SeqCst);
+        self.closed.store(DELETED, Ordering::SeqCst);
+        self.tail_tx.send_modify(|_| {});
+    }
+
+    /// Marks the stream as handed to another node (unless deleted): nothing more is
+    /// sequenced here, and followers are woken so they can end.
+    pub fn mark_moved(&self) {
+        let _ = self
+            .closed
+            .compare_exchange(OPEN, MOVED, Ordering::SeqCst, Ordering::SeqCst);
         self.tail_tx.send_modify(|_| {});
     }
 
     pub fn is_deleted(&self) -> bool {
-        self.deleted.load(Ordering::SeqCst)
+        self.closed.load(Ordering::SeqCst) == DELETED
+    }
+
+    pub fn is_moved(&self) -> bool {
+        self.closed.load(Ordering::SeqCst) == MOVED
+    }
+
+    /// Why nothing more can be appended here or followed here, if so.
+    pub fn closed(&self) -> Option<Error> {
+        match self.closed.load(Ordering::SeqCst) {
+            OPEN => None,
+            MOVED => Some(Error::StreamMoved),
+            _ => Some(Error::DeletionPending(Resource::Stream(self.name.clone()))),
+        }
     }
 
     pub fn sequencer(&self) -> &Mutex<SequencerState> {
@@ -170,7 +200,7 @@ impl StreamState {
     }
 
     /// Waits until every record before `seq_num` is durable (visible), or the stream is
-    /// deleted.
+    /// deleted (a stream handed over still becomes durable: the hand-off waits for it).
     pub async fn durable_through(&self, seq_num: u64) -> Result<()> {
         let mut tail = self.subscribe();
         loop {
@@ -194,8 +224,8 @@ impl StreamState {
         commands: &[(usize, Command)],
         arrival_ms: u64,
     ) -> Result<SequencedBatch> {
-        if self.is_deleted() {
-            return Err(Error::DeletionPending(Resource::Stream(self.name.clone())));
+        if let Some(closed) = self.closed() {
+            return Err(closed);
         }
         if let Some(token) = &input.fencing_token {
             if *token != state.fencing_token {

@@ -16,6 +16,11 @@ use tracing_subscriber::EnvFilter;
 
 use cli::{parse_store_url, Args, StoreLocation};
 
+/// How long a node that handed its streams over keeps accepting connections before it
+/// drains: requests that other nodes sent its way just before the hand-off was recorded
+/// are still arriving, and are forwarded to the new owners rather than refused.
+const HAND_OFF_SETTLE: Duration = Duration::from_secs(1);
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -206,7 +211,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let fenced_flag = fenced.clone();
     let shutdown = async move {
         tokio::select! {
-            _ = shutdown_signal() => {}
+            _ = shutdown_signal() => {
+                // Other nodes take this node's streams before it stops serving, so no
+                // append fails for the shutdown; requests that still arrive here are
+                // forwarded to them until the connections are drained.
+                if draining.hand_off().await > 0 {
+                    tokio::time::sleep(HAND_OFF_SETTLE).await;
+                }
+            }
             _ = draining.lease_lost() => {
                 fenced_flag.store(true, std::sync::atomic::Ordering::SeqCst);
                 tracing::error!("fenced: this node's streams were taken over by other nodes while it could not renew its lease; stopping (start it again to rejoin as a new node)");

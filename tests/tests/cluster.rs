@@ -9,7 +9,8 @@
 //!   `kill -9`, `SIGSTOP` past the lease (a zombie that wakes up), PostgreSQL cut off
 //!   past the lease, and a rolling restart with SIGTERM. Each time, every stream takes
 //!   appends again through the others, and a zombie or cut-off node finds its streams
-//!   taken when it comes back and stops. Afterwards every stream, read from every node,
+//!   taken when it comes back and stops. A node stopped with SIGTERM hands its streams
+//!   over first: through the other nodes, not one append fails. Afterwards every stream, read from every node,
 //!   holds every acknowledged batch exactly once at its acknowledged position, so no
 //!   position was acknowledged twice.
 
@@ -240,14 +241,18 @@ async fn every_node_serves_every_operation_and_reads_its_peers_writes() {
     );
 }
 
-/// Appends from one writer through one node, retrying whenever that node is down:
-/// answers that are not acknowledgements leave the batch's fate unknown.
+/// Appends that were not acknowledged: through which node, when, and what came back.
+type Failures = Arc<Mutex<Vec<(usize, Instant, String)>>>;
+
+/// Appends from one writer through node `node`, retrying whenever that node is down:
+/// answers that are not acknowledgements leave the batch's fate unknown, and are
+/// recorded in `failures`.
 async fn write_through(
-    endpoint: String,
+    (endpoint, node): (String, usize),
     writer: usize,
     streams: usize,
     history: Arc<Mutex<History>>,
-    acks_by_stream: Arc<Mutex<HashMap<usize, Instant>>>,
+    (acks_by_stream, failures): (Arc<Mutex<HashMap<usize, Instant>>>, Failures),
     stop: Arc<AtomicBool>,
 ) {
     let http = client();
@@ -272,9 +277,15 @@ async fn write_through(
             Sent::Refused(r) => {
                 // Only a retryable refusal is expected while a node is down.
                 assert!(r.status() == 503, "unexpected answer {}", r.status());
+                let body = r.text().await.unwrap_or_default();
+                failures.lock().unwrap().push((node, Instant::now(), body));
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Sent::NoAnswer => tokio::time::sleep(Duration::from_millis(100)).await,
+            Sent::NoAnswer => {
+                let what = "no answer".to_owned();
+                failures.lock().unwrap().push((node, Instant::now(), what));
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
         }
     }
 }
@@ -361,15 +372,16 @@ async fn node_failures_of_every_kind_lose_no_acknowledged_record() {
 
     let history = Arc::new(Mutex::new(History::default()));
     let acks_by_stream = Arc::new(Mutex::new(HashMap::new()));
+    let failures: Failures = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..WRITERS)
         .map(|w| {
             tokio::spawn(write_through(
-                cluster.endpoint(w),
+                (cluster.endpoint(w), w % NODES),
                 w,
                 STREAMS,
                 history.clone(),
-                acks_by_stream.clone(),
+                (acks_by_stream.clone(), failures.clone()),
                 stop.clone(),
             ))
         })
@@ -426,6 +438,21 @@ async fn node_failures_of_every_kind_lose_no_acknowledged_record() {
         }
         cluster.wait_for_live_nodes(victim, NODES).await;
         every_stream_acknowledges_after(&acks_by_stream, STREAMS, Instant::now(), &what).await;
+        if let Failure::Restart = failure {
+            // The node handed its streams over before it stopped: through the others,
+            // not one append failed (through itself, only while it was down).
+            let failed: Vec<_> = failures
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(node, at, _)| *node != victim && *at >= failed_at)
+                .map(|(node, _, what)| (*node, what.clone()))
+                .collect();
+            assert!(
+                failed.is_empty(),
+                "{what}: appends through the other nodes failed: {failed:?}"
+            );
+        }
     }
     stop.store(true, Ordering::SeqCst);
     for writer in writers {
@@ -450,5 +477,138 @@ async fn node_failures_of_every_kind_lose_no_acknowledged_record() {
             None => first_view = Some(streams),
             Some(first) => assert_eq!(first, &streams, "every node reads the same streams"),
         }
+    }
+}
+
+/// XADDs through one node to `streams` in turn until `stop`: the values acknowledged
+/// per stream, and every error reply or lost connection.
+async fn xadd_through(
+    port: u16,
+    streams: Vec<String>,
+    stop: Arc<AtomicBool>,
+) -> (HashMap<String, Vec<u64>>, Vec<String>) {
+    let mut connection = Connection::open(port, Some(BASIN)).await.unwrap();
+    let mut acked: HashMap<String, Vec<u64>> = HashMap::new();
+    let mut failed = Vec::new();
+    let mut n = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let stream = &streams[n as usize % streams.len()];
+        match connection
+            .call(&["XADD", stream, "*", "n", &n.to_string()])
+            .await
+        {
+            Ok(Reply::Bulk(Some(_))) => acked.entry(stream.clone()).or_default().push(n),
+            Ok(other) => failed.push(format!("{other:?}")),
+            Err(err) => {
+                failed.push(err.to_string());
+                return (acked, failed);
+            }
+        }
+        n += 1;
+    }
+    (acked, failed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_stopped_with_sigterm_hands_its_streams_over_and_no_append_fails() {
+    let mut cluster = Cluster::start(NODES, &["--lease-secs", LEASE_SECS]);
+    for node in 0..NODES {
+        cluster.wait_for_live_nodes(node, NODES).await;
+    }
+    const STREAMS: usize = 6;
+    let names = stream_names(STREAMS);
+    let redis_streams: Vec<String> = (0..3).map(|r| format!("r{r}")).collect();
+    let refs: Vec<&str> = names
+        .iter()
+        .chain(&redis_streams)
+        .map(String::as_str)
+        .collect();
+    streamgate_tests::create_streams(&cluster.endpoint(0), BASIN, &refs).await;
+    let history = Arc::new(Mutex::new(History::default()));
+    // Appended to once, so that each has an owner.
+    for s in 0..STREAMS {
+        let request = client().post(format!("{}/v1/streams/s{s}/records", cluster.endpoint(0)));
+        let first = send_rest_batch(&history, request, BASIN, (s, format!("first{s}"), 1)).await;
+        assert!(matches!(first, Sent::Acked { .. }));
+    }
+    for stream in &redis_streams {
+        let first = append(&cluster.endpoint(0), stream, &["first".into()]).await;
+        assert!(first.status().is_success());
+    }
+    let leaving = NODES - 1;
+    let held = cluster.view(leaving).await["node"]["streams_served"]
+        .as_u64()
+        .unwrap();
+    assert!(held > 0, "the node to stop serves some streams");
+
+    // REST writers through the two nodes that stay, and XADDs through one of them.
+    let acks_by_stream = Arc::new(Mutex::new(HashMap::new()));
+    let failures: Failures = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            tokio::spawn(write_through(
+                (cluster.endpoint(w % 2), w % 2),
+                w,
+                STREAMS,
+                history.clone(),
+                (acks_by_stream.clone(), failures.clone()),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    let redis = tokio::spawn(xadd_through(
+        cluster.nodes[1].resp_port,
+        redis_streams.clone(),
+        stop.clone(),
+    ));
+    every_stream_acknowledges_after(&acks_by_stream, STREAMS, Instant::now(), "start").await;
+
+    let stopping = Instant::now();
+    let code = cluster.nodes[leaving].terminate();
+    assert_eq!(
+        code,
+        Some(0),
+        "a node that hands its streams over exits cleanly"
+    );
+    eprintln!(
+        "node {leaving} handed {held} streams over and stopped in {:.1} s",
+        stopping.elapsed().as_secs_f64()
+    );
+    every_stream_acknowledges_after(&acks_by_stream, STREAMS, Instant::now(), "after").await;
+    stop.store(true, Ordering::SeqCst);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let (xadded, xadd_failures) = redis.await.unwrap();
+
+    let failed = failures.lock().unwrap().clone();
+    assert!(failed.is_empty(), "appends that failed: {failed:?}");
+    assert!(
+        xadd_failures.is_empty(),
+        "XADDs that failed: {xadd_failures:?}"
+    );
+    let history = std::mem::take(&mut *history.lock().unwrap());
+    let mut streams = Vec::new();
+    for s in 0..STREAMS {
+        streams.push(read_all(&cluster.endpoint(0), BASIN, s).await);
+    }
+    let records = verify(&history, &streams);
+    eprintln!("{records} records, every acknowledged one exactly once");
+    let mut reader = Connection::open(cluster.nodes[0].resp_port, Some(BASIN))
+        .await
+        .unwrap();
+    for stream in &redis_streams {
+        let range = reader.call(&["XRANGE", stream, "-", "+"]).await.unwrap();
+        let values: Vec<u64> = bulk_strings(&range)
+            .iter()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let expected = xadded.get(stream).cloned().unwrap_or_default();
+        assert!(!expected.is_empty(), "XADDs to {stream} were acknowledged");
+        assert_eq!(
+            values, expected,
+            "{stream} holds every acknowledged XADD once, in order"
+        );
     }
 }

@@ -24,6 +24,8 @@ pub struct NodeRecord {
     pub heartbeat_age_ms: u64,
     /// Whether its lease holds now, by the store's clock.
     pub live: bool,
+    /// Whether it is shutting down (handing its streams to the others).
+    pub leaving: bool,
     pub streams_owned: u64,
 }
 
@@ -73,6 +75,8 @@ pub enum StreamOwner {
 pub struct OrphanedStream {
     pub stream: StreamRecord,
     pub previous_identity: Option<String>,
+    /// Written before clusters and never taken since.
+    pub legacy: bool,
 }
 
 /// A change to a stream a node sequences, made through any node.

@@ -213,6 +213,16 @@ impl MetadataStore for Deadlines {
         metadata_call(REQUEST_DEADLINE, "leaving the cluster", call).await
     }
 
+    async fn begin_leaving(&self, epoch: u64) -> Result<()> {
+        let call = self.store.begin_leaving(epoch);
+        metadata_call(REQUEST_DEADLINE, "marking the node as leaving", call).await
+    }
+
+    async fn release_streams(&self, epoch: u64, stream_ids: &[u64]) -> Result<u64> {
+        let call = self.store.release_streams(epoch, stream_ids);
+        metadata_call(BULK_DEADLINE, "handing stream leases over", call).await
+    }
+
     async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>> {
         let call = self.store.cluster_nodes();
         metadata_call(REQUEST_DEADLINE, "listing the nodes", call).await

@@ -124,6 +124,15 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Ends this node's lease now, so others take its streams without waiting for it to
     /// run out: the last step of a shutdown, once nothing more is written.
     async fn leave_cluster(&self, epoch: u64) -> Result<()>;
+    /// Marks node `epoch` as shutting down: no stream is placed on it any more (it is
+    /// not among `live_nodes`), though it keeps serving until it has handed its streams
+    /// over. Fails with `LeaseLost` if its leases are gone.
+    async fn begin_leaving(&self, epoch: u64) -> Result<()>;
+    /// Gives up node `epoch`'s leases on those of `stream_ids` it holds, once everything
+    /// it accepted on them is durable in its log: they have no owner, and the next node
+    /// to take one rebuilds it from that log (which is why `log_epoch` stays). How many
+    /// it gave up. Fails with `LeaseLost` if its leases are gone.
+    async fn release_streams(&self, epoch: u64, stream_ids: &[u64]) -> Result<u64>;
     /// Every node known, in epoch order.
     async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>>;
     /// The nodes whose lease holds now, in epoch order, with their advertised URLs.
@@ -610,6 +619,61 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
     let view = |epoch: u64| nodes.iter().find(|n| n.epoch == epoch).unwrap().clone();
     assert!(!view(c).live && view(c2).live);
     assert_eq!(view(c).streams_owned, 1);
+
+    // A node shutting down hands its streams over: while it does, nothing is placed on
+    // it; it gives up its leases but not its log; once it has left, a stream of it that
+    // nobody took since is an orphan, to be rebuilt from that log.
+    let h = store.next_epoch().await.unwrap();
+    store
+        .join_cluster(h, "node-h", "http://h", minute)
+        .await
+        .unwrap();
+    let claimed = store.claim_streams(h, &ids[2..]).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let lease_epoch = claimed[0].lease_epoch;
+    store
+        .commit_takeover(h, &[(ids[2], lease_epoch)])
+        .await
+        .unwrap();
+    store.begin_leaving(h).await.unwrap();
+    assert!(store.live_nodes().await.unwrap().iter().all(|n| n.0 != h));
+    assert!(store
+        .cluster_nodes()
+        .await
+        .unwrap()
+        .iter()
+        .any(|n| n.epoch == h && n.live && n.leaving));
+    assert_eq!(
+        store.release_streams(c2, &ids[2..]).await.unwrap(),
+        0,
+        "only the owner gives a lease up"
+    );
+    assert_eq!(store.release_streams(h, &ids[2..]).await.unwrap(), 1);
+    assert_eq!(
+        store.stream_owner(ids[2]).await.unwrap(),
+        StreamOwner::Nobody
+    );
+    let orphan_of_h =
+        |orphans: Vec<OrphanedStream>| orphans.into_iter().find(|o| o.stream.id == ids[2]);
+    assert!(
+        orphan_of_h(store.orphaned_streams(10).await.unwrap()).is_none(),
+        "not an orphan while the node with its log is live"
+    );
+    store.leave_cluster(h).await.unwrap();
+    let orphan = orphan_of_h(store.orphaned_streams(10).await.unwrap())
+        .expect("an orphan once the node with its log has left");
+    assert_eq!(orphan.previous_identity.as_deref(), Some("node-h"));
+    assert!(!orphan.legacy);
+    let retaken = store.claim_streams(c2, &ids[2..]).await.unwrap();
+    assert_eq!(
+        (retaken[0].lease_epoch, retaken[0].log),
+        (lease_epoch + 1, StreamLog::Epoch(h))
+    );
+    assert!(matches!(
+        store.release_streams(h, &ids[2..]).await,
+        Err(Error::LeaseLost)
+    ));
+
     store.forget_node(b).await.unwrap();
     assert!(store
         .cluster_nodes()
@@ -620,7 +684,7 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
     for id in ids {
         store.remove_stream(id).await.unwrap();
     }
-    for epoch in [a, c, c2, gone] {
+    for epoch in [a, c, c2, gone, h] {
         store.forget_node(epoch).await.unwrap();
     }
 }

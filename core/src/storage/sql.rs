@@ -118,6 +118,11 @@ INSERT INTO stream_leases (stream_id, owner, lease_epoch, log_epoch) SELECT id, 
 ALTER TABLE streams ADD COLUMN changed_at_ms {int} NOT NULL DEFAULT 0;
 CREATE INDEX streams_by_change ON streams (changed_at_ms);
 "#,
+    // A node that is shutting down hands its streams to the others first; while it does,
+    // no stream is placed on it.
+    r#"
+ALTER TABLE nodes ADD COLUMN leaving {int} NOT NULL DEFAULT 0;
+"#,
 ];
 
 impl Dialect {
@@ -820,6 +825,14 @@ impl MetadataStore for SqlMetadataStore {
 
     async fn leave_cluster(&self, epoch: u64) -> Result<()> {
         self.cluster_leave(epoch).await
+    }
+
+    async fn begin_leaving(&self, epoch: u64) -> Result<()> {
+        self.cluster_begin_leaving(epoch).await
+    }
+
+    async fn release_streams(&self, epoch: u64, stream_ids: &[u64]) -> Result<u64> {
+        self.cluster_release(epoch, stream_ids).await
     }
 
     async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>> {

@@ -187,7 +187,10 @@ pub async fn route_records(
             .ok(),
         _ => None,
     };
-    parts.extensions.insert(caller);
+    parts.extensions.insert(match forwarded {
+        true => caller.forwarded(),
+        false => caller,
+    });
     let request = Request::from_parts(parts, body);
     match route {
         Some(Route::Node(url)) => forwarder.forward(&url, request).await,

@@ -13,6 +13,9 @@ use crate::storage::cluster::{
 /// `log_epoch` of a stream written before clusters (see `StreamLog::Legacy`).
 pub(super) const LEGACY_LOG: i64 = -1;
 
+/// Streams whose leases one statement gives up.
+const RELEASES_PER_STATEMENT: usize = 500;
+
 impl Dialect {
     /// The database's clock, in ms since the Unix epoch, as an SQL expression.
     pub(super) fn now_ms(self) -> &'static str {
@@ -87,11 +90,46 @@ impl SqlMetadataStore {
         Ok(())
     }
 
+    pub(super) async fn cluster_begin_leaving(&self, epoch: u64) -> Result<()> {
+        let mut tx = self.write_transaction().await?;
+        self.check_intact(&mut tx, epoch).await?;
+        sqlx::query("UPDATE nodes SET leaving = 1 WHERE epoch = $1")
+            .bind(epoch as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        tx.commit().await.map_err(db)
+    }
+
+    pub(super) async fn cluster_release(&self, epoch: u64, stream_ids: &[u64]) -> Result<u64> {
+        let mut tx = self.write_transaction().await?;
+        self.check_intact(&mut tx, epoch).await?;
+        let mut released = 0;
+        for ids in stream_ids.chunks(RELEASES_PER_STATEMENT) {
+            // Numbers this node formats itself, so they can go in the text.
+            let list = ids
+                .iter()
+                .map(|id| (*id as i64).to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            let done = sqlx::query(&format!(
+                "UPDATE stream_leases SET owner = 0 WHERE owner = $1 AND stream_id IN ({list})"
+            ))
+            .bind(epoch as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+            released += done.rows_affected();
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(released)
+    }
+
     pub(super) async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>> {
         let rows = sqlx::query(&self.sql(
             "SELECT n.epoch, n.identity, n.advertise_url, n.started_at_ms, \
              {now} - n.heartbeat_at_ms AS heartbeat_age_ms, \
-             CASE WHEN n.lease_expires_ms > {now} THEN 1 ELSE 0 END AS live, \
+             CASE WHEN n.lease_expires_ms > {now} THEN 1 ELSE 0 END AS live, n.leaving, \
              (SELECT COUNT(*) FROM stream_leases l WHERE l.owner = n.epoch) AS owned \
              FROM nodes n ORDER BY n.epoch",
         ))
@@ -107,6 +145,7 @@ impl SqlMetadataStore {
                 started_at: from_ms(row.get("started_at_ms")),
                 heartbeat_age_ms: row.get::<i64, _>("heartbeat_age_ms").max(0) as u64,
                 live: row.get::<i64, _>("live") == 1,
+                leaving: row.get::<i64, _>("leaving") != 0,
                 streams_owned: row.get::<i64, _>("owned") as u64,
             })
             .collect())
@@ -114,7 +153,8 @@ impl SqlMetadataStore {
 
     pub(super) async fn cluster_live_nodes(&self) -> Result<Vec<(u64, String)>> {
         let rows: Vec<(i64, String)> = sqlx::query_as(&self.sql(
-            "SELECT epoch, advertise_url FROM nodes WHERE lease_expires_ms > {now} ORDER BY epoch",
+            "SELECT epoch, advertise_url FROM nodes \
+             WHERE lease_expires_ms > {now} AND leaving = 0 ORDER BY epoch",
         ))
         .fetch_all(&self.pool)
         .await
@@ -266,11 +306,15 @@ impl SqlMetadataStore {
     }
 
     pub(super) async fn cluster_orphans(&self, limit: usize) -> Result<Vec<OrphanedStream>> {
+        // The node that matters is the owner, or for a stream without one, the node
+        // whose log has its records (it handed the stream over and left): once that
+        // node is gone, the stream is taken even if nobody uses it, so the log can go.
         let rows = sqlx::query(&self.sql(&format!(
-            "SELECT {}, n.identity FROM streams s JOIN stream_leases l ON l.stream_id = s.id \
-             LEFT JOIN nodes n ON n.epoch = l.owner \
+            "SELECT {}, n.identity, l.log_epoch FROM streams s \
+             JOIN stream_leases l ON l.stream_id = s.id \
+             LEFT JOIN nodes n ON n.epoch = CASE WHEN l.owner <> 0 THEN l.owner ELSE l.log_epoch END \
              WHERE s.deleted_at_ms IS NULL AND ( \
-               (l.owner <> 0 AND (n.epoch IS NULL OR n.lease_expires_ms <= {{now}})) \
+               ((l.owner <> 0 OR l.log_epoch > 0) AND (n.epoch IS NULL OR n.lease_expires_ms <= {{now}})) \
                OR (l.owner = 0 AND l.log_epoch = {LEGACY_LOG})) \
              ORDER BY s.id LIMIT $1",
             stream_columns_of_s()
@@ -284,6 +328,7 @@ impl SqlMetadataStore {
                 Ok(OrphanedStream {
                     stream: stream_from_row(row)?,
                     previous_identity: row.get("identity"),
+                    legacy: row.get::<i64, _>("log_epoch") == LEGACY_LOG,
                 })
             })
             .collect()
