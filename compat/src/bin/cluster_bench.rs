@@ -7,6 +7,8 @@
 //!    s); one client per stream appends through a node other than the victim; the
 //!    victim is `kill -9`ed. For each stream the victim sequenced: the time from the
 //!    kill to its first acknowledged append.
+//!    Then the same with `SIGTERM`: the victim hands its streams over before it stops,
+//!    and the appends that were not acknowledged are counted too.
 //! 2. Forwarding overhead: one client appends 1-record batches one at a time to one
 //!    stream, through the node that sequences it and through another node.
 //! 3. Metadata load: PostgreSQL transactions per second per node while the cluster is
@@ -70,7 +72,12 @@ async fn main() {
         "== failover: kill -9 of one of three nodes, lease {} s",
         args.lease_secs
     );
-    failover(&lease).await;
+    node_loss(&lease, Loss::Kill).await;
+    println!(
+        "== hand-off: SIGTERM of one of three nodes, lease {} s",
+        args.lease_secs
+    );
+    node_loss(&lease, Loss::Terminate).await;
     println!("== forwarding: one client, 1-record appends one at a time");
     forwarding(args.appends).await;
     println!("== metadata load of an idle cluster of three nodes");
@@ -132,7 +139,20 @@ async fn append(
     Some(served_by)
 }
 
-async fn failover(lease: &str) {
+/// How the victim of `node_loss` leaves.
+#[derive(Clone, Copy, PartialEq)]
+enum Loss {
+    /// `kill -9`: its streams wait for its lease to run out.
+    Kill,
+    /// `SIGTERM`: it hands its streams over before it stops.
+    Terminate,
+}
+
+/// One client per stream appends through a node that stays while node 0 leaves (as
+/// `loss` says); for each stream node 0 sequenced: the time from the loss to the first
+/// acknowledged append sent after it, the longest an append took from then on, and how
+/// many were not acknowledged.
+async fn node_loss(lease: &str, loss: Loss) {
     let mut cluster = Cluster::start(3, &["--lease-secs", lease]);
     for node in 0..3 {
         cluster.wait_for_live_nodes(node, 3).await;
@@ -153,23 +173,32 @@ async fn failover(lease: &str) {
     }
     let victim = 0;
     let stop = Arc::new(AtomicBool::new(false));
-    let first_ack_after_kill: Arc<Vec<AtomicU64>> =
-        Arc::new((0..streams).map(|_| AtomicU64::new(0)).collect());
-    let killed_at = Arc::new(std::sync::OnceLock::<Instant>::new());
+    let per_stream =
+        || -> Arc<Vec<AtomicU64>> { Arc::new((0..streams).map(|_| AtomicU64::new(0)).collect()) };
+    let (first_ack_after, longest_after, failed_after) = (per_stream(), per_stream(), per_stream());
+    let lost_at = Arc::new(std::sync::OnceLock::<Instant>::new());
     let mut clients = Vec::new();
     for s in 0..streams {
         let endpoint = cluster.endpoint(1 + s % 2);
-        let (http, stop) = (http.clone(), stop.clone());
-        let (first, killed_at) = (first_ack_after_kill.clone(), killed_at.clone());
+        let (http, stop, lost_at) = (http.clone(), stop.clone(), lost_at.clone());
+        let (first, longest, failed) = (
+            first_ack_after.clone(),
+            longest_after.clone(),
+            failed_after.clone(),
+        );
         clients.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let sent = Instant::now();
                 let acked = append(&http, &endpoint, &format!("f{s}"), &["y".into()])
                     .await
                     .is_some();
-                if let (true, Some(killed)) = (acked, killed_at.get()) {
-                    if sent > *killed && first[s].load(Ordering::SeqCst) == 0 {
-                        let after = killed.elapsed().as_millis() as u64;
+                if let Some(lost) = lost_at.get().filter(|lost| sent > **lost) {
+                    let took = sent.elapsed().as_millis() as u64;
+                    longest[s].fetch_max(took, Ordering::SeqCst);
+                    if !acked {
+                        failed[s].fetch_add(1, Ordering::SeqCst);
+                    } else if first[s].load(Ordering::SeqCst) == 0 {
+                        let after = lost.elapsed().as_millis() as u64;
                         first[s].store(after.max(1), Ordering::SeqCst);
                     }
                 }
@@ -180,36 +209,73 @@ async fn failover(lease: &str) {
         }));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    cluster.nodes[victim].kill9();
-    killed_at.set(Instant::now()).unwrap();
+    let exited_after = match loss {
+        Loss::Kill => {
+            cluster.nodes[victim].kill9();
+            lost_at.set(Instant::now()).unwrap();
+            None
+        }
+        Loss::Terminate => {
+            let signalled = Instant::now();
+            lost_at.set(signalled).unwrap();
+            let code = tokio::task::block_in_place(|| cluster.nodes[victim].terminate());
+            if code != Some(0) {
+                println!("the node stopped with SIGTERM exited with {code:?}");
+                std::process::exit(1);
+            }
+            Some(signalled.elapsed())
+        }
+    };
     let affected: Vec<usize> = (0..streams).filter(|s| owner[s] == victim).collect();
     let deadline = Instant::now() + Duration::from_secs(120);
     while affected
         .iter()
-        .any(|s| first_ack_after_kill[*s].load(Ordering::SeqCst) == 0)
+        .any(|s| first_ack_after[*s].load(Ordering::SeqCst) == 0)
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A little longer, so appends after the first one count too.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::SeqCst);
     for c in clients {
         let _ = c.await;
     }
-    let mut times: Vec<Duration> = affected
-        .iter()
-        .map(|s| Duration::from_millis(first_ack_after_kill[*s].load(Ordering::SeqCst)))
-        .collect();
+    let millis = |values: &Arc<Vec<AtomicU64>>| -> Vec<Duration> {
+        let mut times: Vec<Duration> = affected
+            .iter()
+            .map(|s| Duration::from_millis(values[*s].load(Ordering::SeqCst)))
+            .collect();
+        times.sort();
+        times
+    };
+    let times = millis(&first_ack_after);
     if times.is_empty() || times.contains(&Duration::ZERO) {
-        println!("the victim's streams did not all take appends again within 120 s");
+        println!("the lost node's streams did not all take appends again within 120 s");
         std::process::exit(1);
     }
-    times.sort();
+    let longest = millis(&longest_after);
+    let failed: u64 = affected
+        .iter()
+        .map(|s| failed_after[*s].load(Ordering::SeqCst))
+        .sum();
+    let what = match loss {
+        Loss::Kill => "kill -9",
+        Loss::Terminate => "SIGTERM",
+    };
+    if let Some(exited) = exited_after {
+        println!(
+            "the node exited {:.2} s after SIGTERM",
+            exited.as_secs_f64()
+        );
+    }
     println!(
-        "{} of {streams} streams were on the killed node; kill -9 to first acknowledged append: min {:.2} s, median {:.2} s, max {:.2} s",
+        "{} of {streams} streams were on the lost node; {what} to first acknowledged append: min {:.2} s, median {:.2} s, max {:.2} s; longest append from then: max {:.2} s; appends not acknowledged: {failed}",
         times.len(),
         times[0].as_secs_f64(),
         percentile(&times, 0.5).as_secs_f64(),
-        times[times.len() - 1].as_secs_f64()
+        times[times.len() - 1].as_secs_f64(),
+        longest[longest.len() - 1].as_secs_f64(),
     );
 }
 

@@ -649,6 +649,15 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         "only the owner gives a lease up"
     );
     assert_eq!(store.release_streams(h, &ids[2..]).await.unwrap(), 1);
+    let after_release = CompactionCommit {
+        committed_by: Some(h),
+        checkpoints: vec![(ids[2], StreamCheckpoint::default())],
+        ..Default::default()
+    };
+    assert!(
+        store.commit_compaction(&after_release, now).await.is_err(),
+        "a node commits no compaction for a stream it handed over"
+    );
     assert_eq!(
         store.stream_owner(ids[2]).await.unwrap(),
         StreamOwner::Nobody

@@ -904,12 +904,25 @@ impl MetadataStore for SqlMetadataStore {
         let ids = commit.segments.iter().map(|s| s.stream_id);
         for id in ids.chain(commit.checkpoints.iter().map(|(id, _)| *id)) {
             if let std::collections::hash_map::Entry::Vacant(slot) = live.entry(id) {
-                let found = sqlx::query(LIVE_STREAM)
-                    .bind(id as i64)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(db)?;
-                slot.insert(found.is_some());
+                let owner: Option<Option<i64>> = sqlx::query_scalar(
+                    "SELECT l.owner FROM streams s LEFT JOIN stream_leases l ON l.stream_id = s.id \
+                     WHERE s.id = $1 AND s.deleted_at_ms IS NULL",
+                )
+                .bind(id as i64)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
+                // A node commits only for streams it holds: one it handed over is
+                // rebuilt by its new owner from the log, and must not be indexed twice.
+                if let (Some(node), Some(Some(owner))) = (commit.committed_by, owner) {
+                    if owner != node as i64 {
+                        return Err(Error::storage(format!(
+                            "stream {id} is held by another node now; this compaction round \
+                             is not committed"
+                        )));
+                    }
+                }
+                slot.insert(owner.is_some());
             }
         }
         let mut orphans = Vec::new();
