@@ -585,6 +585,11 @@ impl Engine {
         let mut valid = input.validate()?;
         let mut input = input;
         let appender = &self.inner.appender;
+        // Refused early while the log cannot take it, before a stream is taken over for
+        // it; not when leaving, for then the stream is served elsewhere.
+        if !self.is_leaving() {
+            appender.check_accepting()?;
+        }
         let create_config = create_config.copied().unwrap_or_default();
         loop {
             let stream = match self
