@@ -357,9 +357,12 @@ impl Engine {
     /// rounds did, summed.
     pub async fn compact(&self) -> Result<CompactionStats> {
         let mut total = CompactionStats::default();
-        if self.inner.membership.is_leaving() {
-            // Its streams went to other nodes, which rebuild them from this node's log:
-            // it stays as it is until they have, and then goes with this node.
+        let membership = &self.inner.membership;
+        if membership.is_leaving() || !membership.holds() {
+            // Leaving: its streams went to other nodes, which rebuild them from this
+            // node's log, so the log stays as it is until they have (and then goes with
+            // this node). Not holding its leases: no commit would be accepted, and what
+            // the store says meanwhile may be the work of a node that took its streams.
             return Ok(total);
         }
         loop {
