@@ -62,7 +62,7 @@ stop_cluster() {
 # bench_node NODE BASIN: an `s2 bench` through node NODE; prints its write MiB/s.
 bench_node() {
   local endpoint="http://127.0.0.1:1909$1"
-  S2_ACCOUNT_ENDPOINT="$endpoint" S2_BASIN_ENDPOINT="$endpoint" "$s2" create-basin "$2" >/dev/null \
+  S2_ACCOUNT_ENDPOINT="$endpoint" S2_BASIN_ENDPOINT="$endpoint" "$s2" create-basin "$2" >/dev/null 2>&1 \
     || fail "could not create basin $2 through node $1"
   S2_ACCOUNT_ENDPOINT="$endpoint" S2_BASIN_ENDPOINT="$endpoint" "$s2" bench "$2" \
     --duration "${seconds}s" --target-mibps 1000 --record-size 8192 --catchup-delay 0s \

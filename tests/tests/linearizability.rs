@@ -912,9 +912,11 @@ async fn record_and_check(targets: Targets, mut restart: impl FnMut(usize)) {
             tokio::time::sleep(Duration::from_millis(100)).await;
             now = recorder.acked();
         }
-        for kind in unanswered(&now) {
-            panic!("round {round}: no {kind} was answered within {MAX_ROUND:?} ({now:?})");
-        }
+        let missing = unanswered(&now);
+        assert!(
+            missing.is_empty(),
+            "round {round}: no {missing:?} was answered within {MAX_ROUND:?} ({now:?})"
+        );
         before = now;
         if round < KILLS {
             tokio::task::block_in_place(|| restart(round));

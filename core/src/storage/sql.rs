@@ -354,8 +354,11 @@ async fn create_postgres_database(url: &str) -> Result<()> {
         .execute(format!("CREATE DATABASE \"{name}\"").as_str())
         .await
     {
-        // Another node created it first.
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => Ok(()),
+        // Another node created it first (23505: at the same moment, which PostgreSQL
+        // reports as a clash in its catalog rather than as a duplicate database).
+        Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {
+            Ok(())
+        }
         Err(e) => Err(Error::storage_caused(
             format!("creating database `{name}`"),
             e,
