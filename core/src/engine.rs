@@ -75,9 +75,10 @@ impl Default for EngineSettings {
 /// committed later is still seen.
 const CHANGE_CLOCK_SLACK_MS: i64 = 5_000;
 
-/// How long a hand-off waits for the appends accepted on the streams it hands over to
-/// become durable.
-const HAND_OFF_DURABILITY_WAIT: Duration = Duration::from_secs(10);
+/// The longest a hand-off may take (waiting for a compaction round or a takeover to
+/// finish, for the accepted appends to become durable, for the metadata store): past
+/// it, the shutdown goes on without, so `SIGTERM` always stops the node.
+const HAND_OFF_LIMIT: Duration = Duration::from_secs(15);
 
 /// The least time obsolete objects stay after the commit that made them obsolete.
 const MIN_OBSOLETE_GRACE: Duration = Duration::from_secs(5);
@@ -501,12 +502,15 @@ impl Engine {
     /// If it cannot (the store is away), the shutdown goes on without: other nodes take
     /// the streams once this node has left, replaying its log. How many it handed over.
     pub async fn hand_off(&self) -> usize {
-        match self
-            .inner
-            .ownership
-            .hand_off(HAND_OFF_DURABILITY_WAIT)
+        let handed = tokio::time::timeout(HAND_OFF_LIMIT, self.inner.ownership.hand_off())
             .await
-        {
+            .unwrap_or_else(|_| {
+                Err(Error::Unavailable(format!(
+                    "the hand-off did not finish within {} s",
+                    HAND_OFF_LIMIT.as_secs()
+                )))
+            });
+        match handed {
             Ok(0) => 0,
             Ok(streams) => {
                 tracing::info!(streams, "handed this node's streams to the other nodes");
@@ -560,6 +564,19 @@ impl Engine {
         name: &StreamName,
         create_config: Option<&StreamConfig>,
     ) -> Result<()> {
+        self.stream_for_append(basin, name, create_config)
+            .await
+            .map(|_| ())
+    }
+
+    /// The stream an append goes to, created if the basin creates streams on append
+    /// (with `create_config`, or the defaults).
+    async fn stream_for_append(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        create_config: Option<&StreamConfig>,
+    ) -> Result<Arc<crate::stream::StreamState>> {
         let create_config = create_config.copied().unwrap_or_default();
         self.catalog()
             .stream_for(
@@ -569,7 +586,6 @@ impl Engine {
                 Placement::Here,
             )
             .await
-            .map(|_| ())
     }
 
     /// Checks and sequences a batch now, and returns its acknowledgement to await, or
@@ -593,18 +609,8 @@ impl Engine {
         if !self.is_leaving() {
             appender.check_accepting()?;
         }
-        let create_config = create_config.copied().unwrap_or_default();
         loop {
-            let stream = match self
-                .catalog()
-                .stream_for(
-                    basin,
-                    name,
-                    Some((AutoCreate::OnAppend, &create_config)),
-                    Placement::Here,
-                )
-                .await
-            {
+            let stream = match self.stream_for_append(basin, name, create_config).await {
                 Ok(stream) => stream,
                 Err(Error::OwnedElsewhere { advertise_url }) => {
                     return Ok(Submitted::Elsewhere {

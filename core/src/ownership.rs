@@ -144,8 +144,10 @@ impl Ownership {
     /// on it becomes durable, and then its lease is given up, so the next request for
     /// it (at any node) has another node take it over from this node's log. Requests
     /// that arrive meanwhile wait and then go there. How many streams it handed over;
-    /// nothing is handed over when no other node is live.
-    pub async fn hand_off(&self, wait_for_durability: std::time::Duration) -> Result<usize> {
+    /// nothing is handed over when no other node is live. Cancelled part way (the
+    /// caller's time limit), it leaves the streams out of service here and their leases
+    /// with this node, which others take from its log once it has left.
+    pub async fn hand_off(&self) -> Result<usize> {
         if !self.membership.begin_leaving().await? {
             return Ok(0);
         }
@@ -162,26 +164,15 @@ impl Ownership {
         for state in streams.values() {
             state.mark_moved();
         }
-        let durable = async {
-            for state in streams.values() {
-                // Once the sequencer is free, every batch sequenced before the mark is
-                // on its way to the log, and none after it.
-                let sequenced = state.sequencer().lock().await.next_seq;
-                match state.durable_through(sequenced).await {
-                    Ok(()) | Err(Error::DeletionPending(_)) => {}
-                    Err(err) => return Err(err),
-                }
+        for state in streams.values() {
+            // Once the sequencer is free, every batch sequenced before the mark is on
+            // its way to the log, and none after it.
+            let sequenced = state.sequencer().lock().await.next_seq;
+            match state.durable_through(sequenced).await {
+                Ok(()) | Err(Error::DeletionPending(_)) => {}
+                Err(err) => return Err(err),
             }
-            Ok(())
-        };
-        tokio::time::timeout(wait_for_durability, durable)
-            .await
-            .map_err(|_| {
-                Error::Unavailable(format!(
-                    "the appends accepted on this node's streams did not become durable                      within {} s",
-                    wait_for_durability.as_secs()
-                ))
-            })??;
+        }
         let ids: Vec<u64> = streams.keys().copied().collect();
         self.metadata.release_streams(self.epoch(), &ids).await?;
         Ok(ids.len())

@@ -506,6 +506,41 @@ mod tests {
         ));
     }
 
+    #[tokio::test]
+    async fn a_moved_stream_sequences_nothing_more_but_what_it_had_still_becomes_durable() {
+        let s = stream(TimestampingMode::ClientPrefer, false);
+        let batch = {
+            let mut st = s.sequencer().lock().await;
+            s.sequence(&mut st, input(&[None]), &[], 1).unwrap()
+        };
+        let mut follower = s.subscribe();
+        follower.borrow_and_update();
+        s.mark_moved();
+        assert!(s.is_moved() && !s.is_deleted());
+        assert!(
+            follower.has_changed().unwrap(),
+            "followers are woken to end"
+        );
+        assert!(matches!(s.closed(), Some(Error::StreamMoved)));
+        {
+            let mut st = s.sequencer().lock().await;
+            assert!(matches!(
+                s.sequence(&mut st, input(&[None]), &[], 2),
+                Err(Error::StreamMoved)
+            ));
+            assert_eq!(st.next_seq, 1, "nothing was sequenced");
+        }
+        // What was sequenced before the mark: the hand-off waits for it.
+        let mut waiting = Box::pin(s.durable_through(1));
+        assert!((&mut waiting).now_or_never().is_none());
+        s.publish(&batch, "chunk".into(), EntrySpan { offset: 0, len: 1 });
+        assert!(matches!(waiting.now_or_never(), Some(Ok(()))));
+        // Deletion still wins over a move, and a move never undoes a deletion.
+        s.mark_deleted();
+        s.mark_moved();
+        assert!(s.is_deleted());
+    }
+
     #[test]
     fn trim_point_follows_the_documented_formula() {
         let mut effects = CommandEffects {

@@ -510,7 +510,8 @@ async fn xadd_through(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_node_stopped_with_sigterm_hands_its_streams_over_and_no_append_fails() {
+async fn a_node_stopped_with_sigterm_hands_its_streams_over_and_no_append_fails_nor_is_lost_after_a_kill(
+) {
     let mut cluster = Cluster::start(NODES, &["--lease-secs", LEASE_SECS]);
     for node in 0..NODES {
         cluster.wait_for_live_nodes(node, NODES).await;
@@ -545,6 +546,7 @@ async fn a_node_stopped_with_sigterm_hands_its_streams_over_and_no_append_fails(
     let acks_by_stream = Arc::new(Mutex::new(HashMap::new()));
     let failures: Failures = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
+    let stop_xadds = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..4)
         .map(|w| {
             tokio::spawn(write_through(
@@ -560,9 +562,11 @@ async fn a_node_stopped_with_sigterm_hands_its_streams_over_and_no_append_fails(
     let redis = tokio::spawn(xadd_through(
         cluster.nodes[1].resp_port,
         redis_streams.clone(),
-        stop.clone(),
+        stop_xadds.clone(),
     ));
     every_stream_acknowledges_after(&acks_by_stream, STREAMS, Instant::now(), "start").await;
+    let served = |view: Value| view["node"]["streams_served"].as_u64().unwrap();
+    let served_before = [served(cluster.view(0).await), served(cluster.view(1).await)];
 
     let stopping = Instant::now();
     let code = cluster.nodes[leaving].terminate();
@@ -576,26 +580,48 @@ async fn a_node_stopped_with_sigterm_hands_its_streams_over_and_no_append_fails(
         stopping.elapsed().as_secs_f64()
     );
     every_stream_acknowledges_after(&acks_by_stream, STREAMS, Instant::now(), "after").await;
-    stop.store(true, Ordering::SeqCst);
-    for writer in writers {
-        writer.await.unwrap();
-    }
+    stop_xadds.store(true, Ordering::SeqCst);
     let (xadded, xadd_failures) = redis.await.unwrap();
-
-    let failed = failures.lock().unwrap().clone();
-    assert!(failed.is_empty(), "appends that failed: {failed:?}");
     assert!(
         xadd_failures.is_empty(),
         "XADDs that failed: {xadd_failures:?}"
     );
+
+    // A node that took streams of the stopped one is killed: what it rebuilt from the
+    // stopped node's log and acknowledged since is all found again by the last node.
+    let served_after = [served(cluster.view(0).await), served(cluster.view(1).await)];
+    let taker = (0..2)
+        .find(|n| served_after[*n] > served_before[*n])
+        .expect("a node that stays took streams of the stopped one");
+    let survivor = 1 - taker;
+    let killed_at = Instant::now();
+    cluster.nodes[taker].kill9();
+    let what = format!("kill -9 of node {taker}");
+    every_stream_acknowledges_after(&acks_by_stream, STREAMS, killed_at, &what).await;
+    stop.store(true, Ordering::SeqCst);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+
+    let failed: Vec<_> = failures
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, at, _)| *at < killed_at)
+        .cloned()
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "appends that failed before the kill: {failed:?}"
+    );
     let history = std::mem::take(&mut *history.lock().unwrap());
     let mut streams = Vec::new();
     for s in 0..STREAMS {
-        streams.push(read_all(&cluster.endpoint(0), BASIN, s).await);
+        streams.push(read_all(&cluster.endpoint(survivor), BASIN, s).await);
     }
     let records = verify(&history, &streams);
     eprintln!("{records} records, every acknowledged one exactly once");
-    let mut reader = Connection::open(cluster.nodes[0].resp_port, Some(BASIN))
+    let mut reader = Connection::open(cluster.nodes[survivor].resp_port, Some(BASIN))
         .await
         .unwrap();
     for stream in &redis_streams {
