@@ -36,28 +36,65 @@ pub mod services {
         if !moto.exists() {
             return Err("no S3 server: set STREAMGATE_TEST_S3_ENDPOINT or create .venv-compat (scripts/test.sh)".into());
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
+        let port = free_port()?;
         let child = Command::new(moto)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("starting moto: {e}"))?;
+        let moto = answering(child, port, "moto")?;
         let endpoint = format!("http://127.0.0.1:{port}");
+        std::env::set_var("AWS_ACCESS_KEY_ID", "test");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
+        std::env::set_var("AWS_REGION", "us-east-1");
+        std::env::set_var("STREAMGATE_TEST_S3_ENDPOINT", &endpoint);
+        Ok((endpoint, Some(moto)))
+    }
+
+    /// A `redis-server` of this machine's on a free port, with `settings` (such as
+    /// `--appendonly yes`) and its files in `dir`; its port, or why it could not start.
+    pub fn redis_server(
+        dir: &std::path::Path,
+        settings: &[&str],
+    ) -> Result<(u16, KillOnDrop), String> {
+        let port = free_port()?;
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(dir)
+            .args(settings)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting redis-server (install Debian's redis-server): {e}"))?;
+        Ok((port, answering(child, port, "redis-server")?))
+    }
+
+    fn free_port() -> Result<u16, String> {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| e.to_string())
+    }
+
+    /// `child` once it accepts connections on `port` (within 10 s).
+    fn answering(child: Child, port: u16, name: &str) -> Result<KillOnDrop, String> {
+        let child = KillOnDrop(child);
         for _ in 0..100 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                std::env::set_var("AWS_ACCESS_KEY_ID", "test");
-                std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
-                std::env::set_var("AWS_REGION", "us-east-1");
-                std::env::set_var("STREAMGATE_TEST_S3_ENDPOINT", &endpoint);
-                return Ok((endpoint, Some(KillOnDrop(child))));
+                return Ok(child);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        Err("moto did not start".into())
+        Err(format!("{name} did not start"))
     }
 
     /// Whether PostgreSQL answers at `server` (a `postgres://…` server URL).

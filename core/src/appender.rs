@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
+use crate::groups::{GroupOp, Groups};
 use crate::membership::Membership;
 use crate::record::{AppendAck, AppendInput, ValidBatch};
 use crate::stream::{SequencedBatch, StreamState};
@@ -44,6 +45,13 @@ pub(crate) enum Submission {
     /// The stream was handed to another node before the batch could be sequenced
     /// here: nothing of it was appended, and it is given back to go there instead.
     Moved(AppendInput, ValidBatch),
+}
+
+/// What became of a change to consumer groups: logged (answer once `ack` resolves),
+/// or nothing to log (answer once the ops before `durable_at` are durable).
+pub(crate) enum GroupChange<R> {
+    Sequenced { ack: PendingAck, answer: R },
+    Unchanged { durable_at: u64, answer: R },
 }
 
 /// The acknowledgement of a submitted append: resolves once the batch is durable.
@@ -181,6 +189,47 @@ impl Appender {
         .map_err(|_| Error::ServerDraining)
     }
 
+    /// Decides changes to a stream's consumer groups under its sequencer lock and logs
+    /// them: `plan` sees the groups with every op sequenced before (durable or not);
+    /// its answer is to be given once its ops, and every op before them, are durable.
+    pub async fn change_groups<R>(
+        &self,
+        stream: &Arc<StreamState>,
+        plan: impl FnOnce(&Groups) -> Result<(Vec<GroupOp>, R)>,
+    ) -> Result<GroupChange<R>> {
+        // Group ops are small: a token share of the budget keeps them in its accounting.
+        let budget = self.budget(1024).await?;
+        self.check_accepting()?;
+        let wal = self.wal.read().clone();
+        let wal = wal.ok_or(Error::ServerDraining)?;
+        let mut sequencer = stream.sequencer().lock().await;
+        if stream.is_moved() {
+            return Err(Error::StreamMoved);
+        }
+        let (ops, answer) = plan(&sequencer.groups)?;
+        if ops.is_empty() {
+            return Ok(GroupChange::Unchanged {
+                durable_at: sequencer.next_group_op,
+                answer,
+            });
+        }
+        let slot = wal
+            .reserve()
+            .await
+            .map_err(|_| Error::Unavailable("the write-ahead log writer stopped".into()))?;
+        let batch = stream.sequence_group_ops(&mut sequencer, &ops)?;
+        let (done, ack) = oneshot::channel();
+        slot.send(PendingAppend {
+            batch,
+            done,
+            _budget: budget,
+        });
+        Ok(GroupChange::Sequenced {
+            ack: PendingAck(ack),
+            answer,
+        })
+    }
+
     /// Writes again into this node's log a batch another node's log holds, for a stream
     /// this node is taking over (not serving yet, so nothing else sequences it): its
     /// acknowledgement says it is durable here.
@@ -204,6 +253,12 @@ impl Appender {
     fn budget_kib(&self, metered: u64) -> u32 {
         let total = self.max_inflight_bytes / 1024;
         (metered.div_ceil(1024) as usize).clamp(1, total.max(1)) as u32
+    }
+
+    /// Bytes of appends accepted and not yet durable (to the KiB).
+    pub fn inflight_bytes(&self) -> usize {
+        let total = (self.max_inflight_bytes / 1024).max(1);
+        total.saturating_sub(self.inflight.available_permits()) * 1024
     }
 
     /// Whether an append of `metered` bytes would have to wait now because the bytes

@@ -9,13 +9,17 @@ use crate::access::{AccessTokenInfo, Operation, Principal, ResourceSet, Target};
 use crate::appender::PendingAck;
 use crate::catalog::Provisioned;
 use crate::config::{BasinConfig, BasinReconfiguration, StreamConfig, StreamReconfiguration};
-use crate::engine::{Engine, Submitted};
+use crate::encryption::EncryptionKey;
+use crate::engine::{Access, Engine, Submitted};
 use crate::error::{Error, Resource, Result};
+use crate::groups::{Durable, GroupOp, GroupTurn, GroupView, Groups};
+use crate::metrics::{Metric, MetricLevel, MetricSet, TimeRange};
 use crate::names::{BasinName, StreamName};
 use crate::read::{ReadBatch, ReadLimits, ReadRequest, ReadStart, StreamReader};
 use crate::record::{AppendAck, AppendInput, Command, StreamPosition};
 use crate::remote::{RemoteStream, RemoteStreams};
 use crate::storage::metadata::{BasinRecord, ListPage, ListRange, StreamRecord};
+use crate::usage::ConnectionId;
 
 #[derive(Clone)]
 pub struct Caller {
@@ -30,6 +34,11 @@ pub struct Caller {
     /// The request was forwarded here by another node: it is not sent on again (see
     /// `remote_at`), so a request can never travel in a circle between nodes.
     forwarded: bool,
+    /// The key the request (or session) brought for an encrypted stream: kept only as
+    /// long as the caller, which lives as long as its request or session.
+    encryption_key: Option<EncryptionKey>,
+    /// The client connection the request came on, for the usage counts.
+    connection: Option<ConnectionId>,
 }
 
 impl Caller {
@@ -48,6 +57,8 @@ impl Caller {
             digest: Some(digest),
             bearer: Some(bearer.into()),
             forwarded: false,
+            encryption_key: None,
+            connection: None,
         })
     }
 
@@ -59,6 +70,8 @@ impl Caller {
             digest: None,
             bearer: None,
             forwarded: false,
+            encryption_key: None,
+            connection: None,
         }
     }
 
@@ -68,6 +81,47 @@ impl Caller {
             forwarded: true,
             ..self
         }
+    }
+
+    /// The same caller, with the key of an encrypted stream for its appends and reads
+    /// (ignored for plaintext streams, as S2 does).
+    pub fn with_encryption_key(self, encryption_key: Option<EncryptionKey>) -> Caller {
+        Caller {
+            encryption_key,
+            ..self
+        }
+    }
+
+    /// The same caller, on a client connection (what the usage counts count as one
+    /// connection).
+    pub fn with_connection(self, connection: Option<ConnectionId>) -> Caller {
+        Caller { connection, ..self }
+    }
+
+    /// The connection the caller came on.
+    pub fn connection(&self) -> Option<ConnectionId> {
+        self.connection
+    }
+
+    fn access(&self) -> Access<'_> {
+        Access {
+            key: self.encryption_key.as_ref(),
+            connection: self.connection,
+        }
+    }
+
+    /// Counts a request that succeeded as an account operation (`basin` `None`) or a
+    /// basin operation, for the metrics API.
+    fn counted<T>(
+        &self,
+        op: Operation,
+        basin: Option<&BasinName>,
+        outcome: Result<T>,
+    ) -> Result<T> {
+        if outcome.is_ok() {
+            self.engine.usage().operation(basin, op.name());
+        }
+        outcome
     }
 
     /// `authn` once the token has been revoked (seen within `CACHE_TTL`) or has
@@ -112,10 +166,12 @@ impl Caller {
         self.still_valid().await?;
         self.principal
             .check(Operation::CreateBasin, Target::Basin(&name))?;
-        self.engine
+        let outcome = self
+            .engine
             .catalog()
             .create_basin(name, config, request_token)
-            .await
+            .await;
+        self.counted(Operation::CreateBasin, None, outcome)
     }
 
     /// Needs `create-basin` to create, `reconfigure-basin` to change an existing one.
@@ -130,14 +186,16 @@ impl Caller {
             Err(_) => Operation::CreateBasin,
         };
         self.principal.check(op, Target::Basin(&name))?;
-        self.engine.catalog().ensure_basin(name, config).await
+        let outcome = self.engine.catalog().ensure_basin(name, config).await;
+        self.counted(op, None, outcome)
     }
 
     pub async fn basin(&self, name: &BasinName) -> Result<BasinRecord> {
         self.still_valid().await?;
         self.principal
             .check(Operation::GetBasinConfig, Target::Basin(name))?;
-        self.engine.catalog().basin(name).await
+        let outcome = self.engine.catalog().basin(name).await;
+        self.counted(Operation::GetBasinConfig, None, outcome)
     }
 
     pub async fn reconfigure_basin(
@@ -148,7 +206,8 @@ impl Caller {
         self.still_valid().await?;
         self.principal
             .check(Operation::ReconfigureBasin, Target::Basin(name))?;
-        self.engine.catalog().reconfigure_basin(name, change).await
+        let outcome = self.engine.catalog().reconfigure_basin(name, change).await;
+        self.counted(Operation::ReconfigureBasin, None, outcome)
     }
 
     /// Only the basins the token's `basins` matcher covers.
@@ -157,19 +216,21 @@ impl Caller {
         self.principal
             .check(Operation::ListBasins, Target::Account)?;
         let Some(range) = within_matcher(&self.principal.scope().basins, range) else {
-            return Ok(empty_page());
+            return self.counted(Operation::ListBasins, None, Ok(empty_page()));
         };
         let page = self.engine.catalog().list_basins(&range).await?;
-        Ok(only_matching(&self.principal.scope().basins, page, |b| {
+        let page = only_matching(&self.principal.scope().basins, page, |b| {
             self.principal.sees_basin(b.name.as_str())
-        }))
+        });
+        self.counted(Operation::ListBasins, None, Ok(page))
     }
 
     pub async fn delete_basin(&self, name: &BasinName) -> Result<()> {
         self.still_valid().await?;
         self.principal
             .check(Operation::DeleteBasin, Target::Basin(name))?;
-        self.engine.catalog().delete_basin(name).await
+        let outcome = self.engine.catalog().delete_basin(name).await;
+        self.counted(Operation::DeleteBasin, None, outcome)
     }
 
     // ---- streams ----
@@ -223,7 +284,7 @@ impl Caller {
             .create_stream(basin, stored, config, request_token)
             .await
             .map_err(|e| self.error(e))?;
-        Ok(self.shown(record))
+        self.counted(Operation::CreateStream, Some(basin), Ok(self.shown(record)))
     }
 
     /// Needs `create-stream` to create, `reconfigure-stream` to change an existing one.
@@ -246,7 +307,7 @@ impl Caller {
             .ensure_stream(basin, stored, config)
             .await
             .map_err(|e| self.error(e))?;
-        Ok((self.shown(record), provisioned))
+        self.counted(op, Some(basin), Ok((self.shown(record), provisioned)))
     }
 
     pub async fn stream_config(
@@ -256,11 +317,13 @@ impl Caller {
     ) -> Result<StreamConfig> {
         self.still_valid().await?;
         let stored = self.stream(Operation::GetStreamConfig, basin, name)?;
-        self.engine
+        let outcome = self
+            .engine
             .catalog()
             .stream_config(basin, &stored)
             .await
-            .map_err(|e| self.error(e))
+            .map_err(|e| self.error(e));
+        self.counted(Operation::GetStreamConfig, Some(basin), outcome)
     }
 
     pub async fn reconfigure_stream(
@@ -271,11 +334,13 @@ impl Caller {
     ) -> Result<StreamConfig> {
         self.still_valid().await?;
         let stored = self.stream(Operation::ReconfigureStream, basin, name)?;
-        self.engine
+        let outcome = self
+            .engine
             .catalog()
             .reconfigure_stream(basin, &stored, change)
             .await
-            .map_err(|e| self.error(e))
+            .map_err(|e| self.error(e));
+        self.counted(Operation::ReconfigureStream, Some(basin), outcome)
     }
 
     /// Only the streams the token's `streams` matcher covers, named as the caller
@@ -298,24 +363,26 @@ impl Caller {
             limit: range.limit,
         };
         let Some(stored) = within_matcher(&self.principal.scope().streams, &stored) else {
-            return Ok(empty_page());
+            return self.counted(Operation::ListStreams, Some(basin), Ok(empty_page()));
         };
         let page = self.engine.catalog().list_streams(basin, &stored).await?;
         let mut page = only_matching(&self.principal.scope().streams, page, |s| {
             self.principal.sees_stream(&s.name)
         });
         page.items = page.items.into_iter().map(|s| self.shown(s)).collect();
-        Ok(page)
+        self.counted(Operation::ListStreams, Some(basin), Ok(page))
     }
 
     pub async fn delete_stream(&self, basin: &BasinName, name: &StreamName) -> Result<()> {
         self.still_valid().await?;
         let stored = self.stream(Operation::DeleteStream, basin, name)?;
-        self.engine
+        let outcome = self
+            .engine
             .catalog()
             .delete_stream(basin, &stored)
             .await
-            .map_err(|e| self.error(e))
+            .map_err(|e| self.error(e));
+        self.counted(Operation::DeleteStream, Some(basin), outcome)
     }
 
     // ---- records ----
@@ -329,7 +396,7 @@ impl Caller {
         self.still_valid().await?;
         let stored = self.stream(Operation::Append, basin, name)?;
         self.engine
-            .open_for_append(basin, &stored, create_config)
+            .open_for_append(basin, &stored, create_config, self.access())
             .await
             .map_err(|e| self.error(e))
     }
@@ -358,7 +425,7 @@ impl Caller {
         }
         match self
             .engine
-            .submit_append(basin, &stored, input, create_config)
+            .submit_append(basin, &stored, input, create_config, self.access())
             .await
         {
             Ok(Submitted::Here(ack)) => Ok(ack),
@@ -399,6 +466,8 @@ impl Caller {
                     bearer: bearer.to_string(),
                     basin: basin.clone(),
                     stream: name.clone(),
+                    encryption_key: self.encryption_key.clone(),
+                    connection: self.connection,
                 },
             )),
             _ => Err(Error::OwnedElsewhere { advertise_url }),
@@ -427,10 +496,12 @@ impl Caller {
         self.still_valid().await?;
         let stored = self.stream(Operation::CheckTail, basin, name)?;
         match self.engine.check_tail(basin, &stored, create_config).await {
+            // Counted by the node that serves it.
             Err(Error::OwnedElsewhere { advertise_url }) => {
                 let (remote, at) = self.remote_at(advertise_url, basin, name)?;
                 remote.check_tail(&at).await
             }
+            Ok(tail) => self.counted(Operation::CheckTail, Some(basin), Ok(tail)),
             outcome => outcome.map_err(|e| self.error(e)),
         }
     }
@@ -447,7 +518,7 @@ impl Caller {
         let stored = self.stream(Operation::Read, basin, name)?;
         match self
             .engine
-            .open_reader(basin, &stored, start, clamp, create_config)
+            .open_reader(basin, &stored, start, clamp, create_config, self.access())
             .await
         {
             Err(Error::OwnedElsewhere { advertise_url }) => {
@@ -469,7 +540,7 @@ impl Caller {
         let stored = self.stream(Operation::Read, basin, name)?;
         match self
             .engine
-            .read(basin, &stored, request, create_config)
+            .read(basin, &stored, request, create_config, self.access())
             .await
         {
             Err(Error::OwnedElsewhere { advertise_url }) => {
@@ -518,7 +589,8 @@ impl Caller {
     /// Issues a token no broader than the caller's; returns its secret.
     pub async fn issue_access_token(&self, info: AccessTokenInfo) -> Result<String> {
         self.still_valid().await?;
-        self.engine.tokens().issue(&self.principal, info).await
+        let outcome = self.engine.tokens().issue(&self.principal, info).await;
+        self.counted(Operation::IssueAccessToken, None, outcome)
     }
 
     /// Only the tokens the caller's `access_tokens` matcher covers.
@@ -527,21 +599,157 @@ impl Caller {
         self.principal
             .check(Operation::ListAccessTokens, Target::Account)?;
         let Some(range) = within_matcher(&self.principal.scope().access_tokens, range) else {
-            return Ok(empty_page());
+            return self.counted(Operation::ListAccessTokens, None, Ok(empty_page()));
         };
         let page = self.engine.tokens().list(&range).await?;
-        Ok(only_matching(
-            &self.principal.scope().access_tokens,
-            page,
-            |t| self.principal.sees_access_token(&t.id),
-        ))
+        let page = only_matching(&self.principal.scope().access_tokens, page, |t| {
+            self.principal.sees_access_token(&t.id)
+        });
+        self.counted(Operation::ListAccessTokens, None, Ok(page))
     }
 
     pub async fn revoke_access_token(&self, id: &str) -> Result<()> {
         self.still_valid().await?;
         self.principal
             .check(Operation::RevokeAccessToken, Target::AccessToken(id))?;
-        self.engine.tokens().revoke(id).await
+        let outcome = self.engine.tokens().revoke(id).await;
+        self.counted(Operation::RevokeAccessToken, None, outcome)
+    }
+
+    // ---- consumer groups ----
+
+    /// Changes a stream's consumer groups: needs `read` and `append` (group state is
+    /// written state of the stream). `plan` decides the ops from the groups as they are
+    /// (see `Engine::change_groups`); the answer is to be given once `Durable` resolves.
+    pub async fn change_groups<R>(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        plan: impl FnOnce(&Groups, &GroupView) -> Result<(Vec<GroupOp>, R)>,
+    ) -> Result<(R, Durable)> {
+        self.still_valid().await?;
+        self.stream(Operation::Read, basin, name)?;
+        let stored = self.stream(Operation::Append, basin, name)?;
+        let (answer, durable) = self
+            .engine
+            .change_groups(basin, &stored, plan)
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok((answer, self.errors_shown(durable)))
+    }
+
+    /// Reads a stream's consumer groups (needs `read`): the answer is to be given once
+    /// `Durable` resolves.
+    pub async fn read_groups<R>(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        read: impl FnOnce(&Groups, &GroupView) -> R,
+    ) -> Result<(R, Durable)> {
+        self.still_valid().await?;
+        let stored = self.stream(Operation::Read, basin, name)?;
+        let (answer, durable) = self
+            .engine
+            .read_groups(basin, &stored, read)
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok((answer, self.errors_shown(durable)))
+    }
+
+    /// A RESP command on the consumer groups of `name` when another node sequences it:
+    /// run whole there (the groups live with the stream), with this caller's token; its
+    /// reply, encoded. `None` when it runs here, or when the stream is missing (the
+    /// command gives its own error). A call another node forwarded is not sent on.
+    pub async fn resp_command_at_owner(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        command: bytes::Bytes,
+        resp3: bool,
+        timeout: std::time::Duration,
+    ) -> Result<Option<bytes::Bytes>> {
+        // Alone, every stream is sequenced here: no lookups on a command's way.
+        if !self.engine.has_peers() {
+            return Ok(None);
+        }
+        self.still_valid().await?;
+        let stored = self.stream(Operation::Read, basin, name)?;
+        match self.engine.stream_for_groups(basin, &stored).await {
+            Err(Error::OwnedElsewhere { advertise_url }) => {
+                let (remote, at) = self.remote_at(advertise_url, basin, name)?;
+                let reply = remote.resp_command(&at, command, resp3, timeout).await?;
+                Ok(Some(reply))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Waits for the stream's turn at a group change decided from records read first
+    /// (see `GroupTurn`); needs `read`.
+    pub async fn group_turn(&self, basin: &BasinName, name: &StreamName) -> Result<GroupTurn> {
+        self.still_valid().await?;
+        let stored = self.stream(Operation::Read, basin, name)?;
+        self.engine
+            .group_turn(basin, &stored)
+            .await
+            .map_err(|e| self.error(e))
+    }
+
+    /// The errors a group change may still end with, named as the caller sees them.
+    fn errors_shown(&self, durable: Durable) -> Durable {
+        let caller = self.clone();
+        durable.map_err(move |e| caller.error(e))
+    }
+
+    // ---- metrics ----
+
+    /// A metrics request: `basin` for basin-level sets, and `stream` too for
+    /// stream-level ones. Needs `account-metrics`, `basin-metrics` or `stream-metrics`
+    /// on what it names; counted as an account operation, as the docs say.
+    pub async fn metrics(
+        &self,
+        basin: Option<&BasinName>,
+        stream: Option<&StreamName>,
+        set: &str,
+        range: (Option<u64>, Option<u64>),
+        interval: Option<&str>,
+    ) -> Result<Vec<Metric>> {
+        self.still_valid().await?;
+        let (op, level, stored) = match (basin, stream) {
+            (None, _) => {
+                self.principal
+                    .check(Operation::AccountMetrics, Target::Account)?;
+                (Operation::AccountMetrics, MetricLevel::Account, None)
+            }
+            (Some(basin), None) => {
+                self.principal
+                    .check(Operation::BasinMetrics, Target::Basin(basin))?;
+                (Operation::BasinMetrics, MetricLevel::Basin, None)
+            }
+            (Some(basin), Some(stream)) => {
+                let stored = self.stream(Operation::StreamMetrics, basin, stream)?;
+                (Operation::StreamMetrics, MetricLevel::Stream, Some(stored))
+            }
+        };
+        let set = MetricSet::parse(level, set)?;
+        let now = crate::record::now_ms() / 1000;
+        let range = TimeRange::new(range.0, range.1, now)?;
+        let outcome = crate::metrics::answer(
+            self.engine.metadata(),
+            set,
+            basin.map_or("", |b| b.as_str()),
+            stored.as_ref().map_or("", |s| s.as_str()),
+            range,
+            interval,
+            |basins| {
+                basins
+                    .into_iter()
+                    .filter(|b| self.principal.sees_basin(b))
+                    .collect()
+            },
+        )
+        .await;
+        self.counted(op, None, outcome)
     }
 }
 

@@ -211,6 +211,7 @@ impl Catalog {
             basin: basin.name.clone(),
             name,
             config: self.resolve_config(&basin, &config),
+            cipher: basin.config.stream_cipher,
             created_at: now_utc(),
             deleted_at: None,
             idempotency_key: idempotency_key(request_token, &config),

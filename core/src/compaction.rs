@@ -29,7 +29,7 @@ use crate::segment::{
 };
 use crate::storage::{MetadataStore, ObjectStore};
 use crate::stream::{SequencerState, StreamState};
-use crate::wal::{chunk_key, decode_chunk, ChunkBuilder};
+use crate::wal::{chunk_key, decode_chunk, ChunkBuilder, EntryKind};
 
 /// At most this many WAL chunks (and about this many bytes of them) per round, so a
 /// round's memory stays bounded however far behind compaction is.
@@ -149,6 +149,19 @@ impl Compactor {
                         .cloned()
                         .unwrap_or_default(),
                 });
+                if entry.kind == EntryKind::GroupOps {
+                    // Into the checkpoint only: group ops have no place in segments.
+                    let first = entry.records[0].seq_num;
+                    if first != run.checkpoint.next_group_op {
+                        return Err(Error::storage(format!(
+                            "WAL chunk `{key}` continues the consumer group ops of stream {} \
+                             at {first}, but the compacted ones end at {}; compaction stops here",
+                            entry.stream_id, run.checkpoint.next_group_op
+                        )));
+                    }
+                    run.checkpoint.replay_group_ops(&entry.records)?;
+                    continue;
+                }
                 let first_seq = entry.records[0].seq_num;
                 if first_seq != run.checkpoint.next_seq {
                     return Err(Error::storage(format!(

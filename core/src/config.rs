@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::encryption::Cipher;
 use crate::error::{Error, Result};
 
 /// Default retention: 7 days.
@@ -124,6 +125,10 @@ pub struct BasinConfig {
     pub create_stream_on_append: bool,
     #[serde(default)]
     pub create_stream_on_read: bool,
+    /// The cipher streams created from now on encrypt their records with (each stream
+    /// keeps the one it was created with); `None`: new streams are plaintext.
+    #[serde(default)]
+    pub stream_cipher: Option<Cipher>,
 }
 
 impl BasinConfig {
@@ -236,6 +241,8 @@ pub struct BasinReconfiguration {
     pub create_stream_on_append: Patch<bool>,
     #[serde(default)]
     pub create_stream_on_read: Patch<bool>,
+    #[serde(default)]
+    pub stream_cipher: Patch<Cipher>,
 }
 
 impl BasinReconfiguration {
@@ -257,6 +264,7 @@ impl BasinReconfiguration {
                 .create_stream_on_read
                 .apply(Some(config.create_stream_on_read))
                 .unwrap_or(false),
+            stream_cipher: self.stream_cipher.apply(config.stream_cipher),
         })
     }
 }
@@ -355,16 +363,27 @@ mod tests {
             }),
             create_stream_on_append: true,
             create_stream_on_read: false,
+            stream_cipher: Some(Cipher::Aegis256),
         };
         let change: BasinReconfiguration = serde_json::from_str(
             r#"{"create_stream_on_read":true,"default_stream_config":{"retention_policy":{"age":5}}}"#,
         )
         .unwrap();
         let updated = change.apply(&current).unwrap();
+        assert_eq!(updated.stream_cipher, Some(Cipher::Aegis256));
         assert!(updated.create_stream_on_append);
         assert!(updated.create_stream_on_read);
         let defaults = updated.default_stream_config.unwrap();
         assert_eq!(defaults.storage_class, Some(StorageClass::Express));
         assert_eq!(defaults.retention_policy, Some(RetentionPolicy::Age(5)));
+
+        let cipher: BasinReconfiguration =
+            serde_json::from_str(r#"{"stream_cipher":"aes-256-gcm"}"#).unwrap();
+        let updated = cipher.apply(&current).unwrap();
+        assert_eq!(updated.stream_cipher, Some(Cipher::Aes256Gcm));
+        let cleared: BasinReconfiguration =
+            serde_json::from_str(r#"{"stream_cipher":null}"#).unwrap();
+        assert_eq!(cleared.apply(&current).unwrap().stream_cipher, None);
+        assert!(serde_json::from_str::<BasinConfig>(r#"{"stream_cipher":"rot13"}"#).is_err());
     }
 }

@@ -10,24 +10,29 @@ use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
 use crate::access::TokenRegistry;
+use crate::appender::GroupChange;
 use crate::appender::{Appender, PendingAck, Submission};
 use crate::cache::ChunkCache;
 use crate::catalog::{AutoCreate, Catalog};
 use crate::compaction::CompactionState;
 use crate::compaction::{CompactionStats, Compactor};
 use crate::config::{StorageClass, StreamConfig};
+use crate::encryption::{EncryptionKey, StreamCrypto};
 use crate::error::Error;
 use crate::error::Result;
+use crate::groups::{Durable, GroupOp, GroupTurn, GroupView, Groups};
 use crate::lifecycle::Lifecycle;
 use crate::membership::{ClusterSettings, Membership};
 use crate::names::{BasinName, StreamName};
 use crate::ownership::{Ownership, Placement};
+use crate::read::ReadMeter;
 use crate::read::{ReadBatch, ReadRequest, ReadStart, StreamReader};
 use crate::record::{AppendInput, StreamPosition};
 use crate::record_store::RecordStore;
 use crate::registry::StreamRegistry;
 use crate::remote::RemoteStreams;
 use crate::storage::{MetadataStore, ObjectStore};
+use crate::usage::{ConnectionId, Usage, UsageRecorder};
 use crate::wal::recovery::{chunks_of, legacy_epochs};
 use crate::wal::writer::{FlushSettings, WalHealth, WalStatus, WalWriter};
 
@@ -52,6 +57,8 @@ pub struct EngineSettings {
     pub default_storage_class: StorageClass,
     /// This node's identity, address and lease time in the cluster.
     pub cluster: ClusterSettings,
+    /// How often the stored bytes of every stream are read for the storage metrics.
+    pub storage_metrics_interval: Duration,
 }
 
 impl Default for EngineSettings {
@@ -66,6 +73,7 @@ impl Default for EngineSettings {
             location: "local".into(),
             default_storage_class: StorageClass::Express,
             cluster: ClusterSettings::default(),
+            storage_metrics_interval: Duration::from_secs(60),
         }
     }
 }
@@ -92,6 +100,14 @@ pub(crate) enum Submitted {
         advertise_url: String,
         input: AppendInput,
     },
+}
+
+/// What a request brings besides its token: the key of an encrypted stream, and the
+/// client connection it came on (for the usage counts).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Access<'a> {
+    pub key: Option<&'a EncryptionKey>,
+    pub connection: Option<ConnectionId>,
 }
 
 /// Where a request on a stream is served.
@@ -123,10 +139,14 @@ struct Inner {
     remote: std::sync::OnceLock<Arc<dyn RemoteStreams>>,
     records: Arc<RecordStore>,
     registry: Arc<StreamRegistry>,
+    /// Usage counts for the metrics API, until written.
+    usage: Usage,
     compactor: Arc<Compactor>,
     lifecycle: Lifecycle,
     /// Compaction and lifecycle work.
     background: Mutex<Vec<JoinHandle<()>>>,
+    /// When old usage buckets were last dropped.
+    usage_expired_at: Mutex<Option<std::time::Instant>>,
 }
 
 impl Engine {
@@ -141,6 +161,8 @@ impl Engine {
     ) -> Result<Engine> {
         let metadata: Arc<dyn MetadataStore> =
             Arc::new(crate::storage::deadline::Deadlines::new(metadata));
+        let objects: Arc<dyn ObjectStore> =
+            Arc::new(crate::telemetry::InstrumentedObjects::new(objects));
         let epoch = metadata.next_epoch().await?;
         let membership =
             Membership::join(metadata.clone(), epoch, settings.cluster.clone()).await?;
@@ -219,6 +241,8 @@ impl Engine {
             changes_seen_at: Mutex::new(0),
             remote: std::sync::OnceLock::new(),
             background: Mutex::new(Vec::new()),
+            usage: Arc::new(UsageRecorder::default()),
+            usage_expired_at: Mutex::new(None),
         });
         let engine = Engine { inner };
         let taken = engine.inner.ownership.take_orphans(true).await?;
@@ -238,6 +262,18 @@ impl Engine {
             }),
             engine.every(engine.inner.settings.reap_interval, |engine| {
                 Box::pin(async move { engine.run_lifecycle().await })
+            }),
+            engine.every(crate::usage::FLUSH_INTERVAL, |engine| {
+                Box::pin(async move { engine.flush_usage().await })
+            }),
+            engine.every(Duration::from_secs(1), |engine| {
+                Box::pin(async move {
+                    crate::telemetry::inflight_append_bytes(engine.inner.appender.inflight_bytes());
+                    Ok(())
+                })
+            }),
+            engine.every(engine.inner.settings.storage_metrics_interval, |engine| {
+                Box::pin(async move { engine.record_storage().await })
             }),
         ];
         *engine.inner.background.lock() = background;
@@ -371,7 +407,9 @@ impl Engine {
                 .inner
                 .compactor
                 .run_round(|| self.inner.registry.by_id())
-                .await?;
+                .await;
+            crate::telemetry::compaction_round(&round);
+            let round = round?;
             total.chunks += round.chunks;
             total.segments += round.segments;
             total.bytes += round.bytes;
@@ -386,13 +424,52 @@ impl Engine {
     pub async fn run_lifecycle(&self) -> Result<()> {
         // Acting on a stream (deleting it when empty, say) needs the lease on it.
         self.inner.membership.check()?;
-        let leader = self
-            .inner
+        let leader = self.is_lifecycle_leader();
+        let lease = self.inner.settings.cluster.lease;
+        let outcome = self.inner.lifecycle.run_pass(leader.then_some(lease)).await;
+        crate::telemetry::lifecycle_pass(outcome.is_ok());
+        outcome
+    }
+
+    /// Whether this node does the cluster-wide lifecycle work: the first live node.
+    fn is_lifecycle_leader(&self) -> bool {
+        self.inner
             .membership
             .rank()
-            .is_some_and(|(rank, _)| rank == 0);
-        let lease = self.inner.settings.cluster.lease;
-        self.inner.lifecycle.run_pass(leader.then_some(lease)).await
+            .is_some_and(|(rank, _)| rank == 0)
+    }
+
+    /// Writes the usage counted so far (the background task does every few seconds).
+    pub async fn flush_usage(&self) -> Result<()> {
+        let inner = &self.inner;
+        inner.usage.flush(inner.metadata.as_ref()).await
+    }
+
+    /// On the lifecycle leader: every stream's stored bytes as gauge readings, and
+    /// (hourly) old usage buckets dropped.
+    async fn record_storage(&self) -> Result<()> {
+        let inner = &self.inner;
+        if !self.is_lifecycle_leader() {
+            return Ok(());
+        }
+        inner.usage.record_storage(inner.metadata.as_ref()).await?;
+        let due = inner
+            .usage_expired_at
+            .lock()
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(3600));
+        if due {
+            inner.usage.expire(inner.metadata.as_ref()).await?;
+            *inner.usage_expired_at.lock() = Some(std::time::Instant::now());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn usage(&self) -> &UsageRecorder {
+        &self.inner.usage
+    }
+
+    pub(crate) fn metadata(&self) -> &dyn MetadataStore {
+        self.inner.metadata.as_ref()
     }
 
     // ---- the cluster ----
@@ -536,6 +613,9 @@ impl Engine {
         for task in self.inner.background.lock().drain(..) {
             task.abort();
         }
+        if let Err(err) = self.flush_usage().await {
+            tracing::warn!(error = %err, "could not write the last usage counts; the metrics API will miss them");
+        }
         // Nothing more is written: other nodes may take this node's streams at once.
         if !self.inner.membership.is_lost() {
             match self.inner.metadata.leave_cluster(self.inner.epoch).await {
@@ -563,10 +643,10 @@ impl Engine {
         basin: &BasinName,
         name: &StreamName,
         create_config: Option<&StreamConfig>,
+        access: Access<'_>,
     ) -> Result<()> {
-        self.stream_for_append(basin, name, create_config)
-            .await
-            .map(|_| ())
+        let stream = self.stream_for_append(basin, name, create_config).await?;
+        StreamCrypto::for_stream(stream.cipher, stream.id, access.key).map(|_| ())
     }
 
     /// The stream an append goes to, created if the basin creates streams on append
@@ -599,6 +679,7 @@ impl Engine {
         name: &StreamName,
         input: AppendInput,
         create_config: Option<&StreamConfig>,
+        access: Access<'_>,
     ) -> Result<Submitted> {
         crate::crash_point::panic_point(&input.records);
         let mut valid = input.validate()?;
@@ -620,11 +701,30 @@ impl Engine {
                 }
                 Err(err) => return Err(err),
             };
-            match appender
-                .submit(&stream, input, valid, crate::record::now_ms())
-                .await?
-            {
-                Submission::Sequenced(ack) => return Ok(Submitted::Here(ack)),
+            let now_ms = crate::record::now_ms();
+            let metered = valid.metered;
+            let submission = match StreamCrypto::for_stream(stream.cipher, stream.id, access.key)? {
+                None => appender.submit(&stream, input, valid, now_ms).await?,
+                // Sealed before it reaches the sequencer, so only ciphertext is written;
+                // the plaintext is kept in case the batch has to go to another node.
+                Some(crypto) => {
+                    let sealed = crypto.seal_input(&input);
+                    match appender.submit(&stream, sealed, valid, now_ms).await? {
+                        Submission::Moved(_, valid) => Submission::Moved(input, valid),
+                        sequenced => sequenced,
+                    }
+                }
+            };
+            match submission {
+                Submission::Sequenced(ack) => {
+                    let class = stream
+                        .config()
+                        .storage_class
+                        .unwrap_or(self.inner.settings.default_storage_class);
+                    let usage = &self.inner.usage;
+                    usage.append(basin, stream.id, class, metered, access.connection);
+                    return Ok(Submitted::Here(ack));
+                }
                 // Handed over meanwhile: the stream is looked up again, and is no longer
                 // here (the hand-off took it out of the registry before marking it).
                 Submission::Moved(back, checked) => (input, valid) = (back, checked),
@@ -656,6 +756,7 @@ impl Engine {
     /// Opens a reader at a start selector, creating the stream if the basin allows it.
     /// A start beyond the tail is `RangeNotSatisfiable`, unless `clamp` moves it to the
     /// tail. Starts below the trim point move up to it.
+    /// Reads through it are metered as a streaming read (a read session).
     pub(crate) async fn open_reader(
         &self,
         basin: &BasinName,
@@ -663,6 +764,20 @@ impl Engine {
         start: ReadStart,
         clamp: bool,
         create_config: Option<&StreamConfig>,
+        access: Access<'_>,
+    ) -> Result<StreamReader> {
+        self.open_local_reader(basin, name, (start, clamp), create_config, access, true)
+            .await
+    }
+
+    async fn open_local_reader(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        (start, clamp): (ReadStart, bool),
+        create_config: Option<&StreamConfig>,
+        access: Access<'_>,
+        streaming: bool,
     ) -> Result<StreamReader> {
         self.inner.membership.check()?;
         let create_config = create_config.copied().unwrap_or_default();
@@ -675,7 +790,103 @@ impl Engine {
                 Placement::Here,
             )
             .await?;
-        StreamReader::open(self.inner.records.clone(), stream, start, clamp).await
+        let crypto = StreamCrypto::for_stream(stream.cipher, stream.id, access.key)?;
+        let meter = ReadMeter {
+            usage: self.inner.usage.clone(),
+            basin: basin.clone(),
+            connection: access.connection,
+            streaming,
+        };
+        StreamReader::open(
+            self.inner.records.clone(),
+            stream,
+            (start, clamp),
+            crypto,
+            meter,
+        )
+        .await
+    }
+
+    /// Whether other nodes may sequence streams: this node is not the only live one
+    /// (or does not know, having lost its place among them).
+    pub fn has_peers(&self) -> bool {
+        self.inner
+            .membership
+            .rank()
+            .is_none_or(|(_, live)| live > 1)
+    }
+
+    /// The stream a consumer-group command works on: here, or `OwnedElsewhere`.
+    pub(crate) async fn stream_for_groups(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+    ) -> Result<Arc<crate::stream::StreamState>> {
+        self.inner.membership.check()?;
+        self.catalog()
+            .stream_for(basin, name, None, Placement::Here)
+            .await
+    }
+
+    /// Changes a stream's consumer groups (see `Appender::change_groups`): `plan` sees
+    /// the groups and the stream as it is. The answer is to be given once `Durable`
+    /// resolves.
+    pub(crate) async fn change_groups<R>(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        plan: impl FnOnce(&Groups, &GroupView) -> Result<(Vec<GroupOp>, R)>,
+    ) -> Result<(R, Durable)> {
+        let stream = self.stream_for_groups(basin, name).await?;
+        let view = GroupView::of(&stream);
+        let change = self
+            .inner
+            .appender
+            .change_groups(&stream, |groups| plan(groups, &view))
+            .await?;
+        Ok(match change {
+            GroupChange::Sequenced { ack, answer } => {
+                (answer, Durable::new(async move { ack.await.map(|_| ()) }))
+            }
+            GroupChange::Unchanged { durable_at, answer } => (
+                answer,
+                Durable::new(async move { stream.group_ops_durable_through(durable_at).await }),
+            ),
+        })
+    }
+
+    /// Waits for the stream's turn at a group change decided from records read first.
+    pub(crate) async fn group_turn(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+    ) -> Result<GroupTurn> {
+        Ok(self
+            .stream_for_groups(basin, name)
+            .await?
+            .group_turn()
+            .await)
+    }
+
+    /// Reads a stream's consumer groups as sequenced so far: the answer is to be given
+    /// once `Durable` resolves (every change it saw is durable then), so it survives a
+    /// crash.
+    pub(crate) async fn read_groups<R>(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        read: impl FnOnce(&Groups, &GroupView) -> R,
+    ) -> Result<(R, Durable)> {
+        let stream = self.stream_for_groups(basin, name).await?;
+        let (groups, sequenced) = {
+            let sequencer = stream.sequencer().lock().await;
+            (sequencer.groups.clone(), sequencer.next_group_op)
+        };
+        let answer = read(&groups, &GroupView::of(&stream));
+        Ok((
+            answer,
+            Durable::new(async move { stream.group_ops_durable_through(sequenced).await }),
+        ))
     }
 
     /// A single-batch read with the documented semantics: start selection, the 416
@@ -686,11 +897,15 @@ impl Engine {
         name: &StreamName,
         request: ReadRequest,
         create_config: Option<&StreamConfig>,
+        access: Access<'_>,
     ) -> Result<ReadBatch> {
         request.validate()?;
+        let start = (request.start, request.clamp);
         let mut reader = self
-            .open_reader(basin, name, request.start, request.clamp, create_config)
+            .open_local_reader(basin, name, start, create_config, access, false)
             .await?;
-        reader.read_one_batch(&request).await
+        let batch = reader.read_one_batch(&request).await?;
+        self.inner.usage.unary_read(basin);
+        Ok(batch)
     }
 }

@@ -24,6 +24,8 @@ pub enum ErrorKind {
     ConditionFailed,
     /// A read start beyond the tail.
     RangeNotSatisfiable,
+    /// The encryption key given does not open the stream's records (a wrong key).
+    DecryptionFailed,
     /// No valid credential.
     Unauthenticated,
     /// A valid credential whose scope does not cover the operation.
@@ -138,6 +140,10 @@ pub enum Error {
     StreamMoved,
     #[error("{0} is not implemented by this server yet")]
     NotImplemented(String),
+    /// A record of an encrypted stream could not be opened with the key the request
+    /// gave: a wrong key (or records written with another one).
+    #[error("record decryption failed: the `s2-encryption-key` given is not the key these records were written with")]
+    DecryptionFailed,
     /// No access token, an unknown or revoked one, or an expired one.
     #[error("{0}")]
     Unauthenticated(String),
@@ -171,6 +177,7 @@ impl Error {
             | Error::OwnedElsewhere { .. }
             | Error::StreamMoved => ErrorKind::Unavailable,
             Error::NotImplemented(_) => ErrorKind::NotImplemented,
+            Error::DecryptionFailed => ErrorKind::DecryptionFailed,
             Error::Unauthenticated(_) => ErrorKind::Unauthenticated,
             Error::PermissionDenied(_) => ErrorKind::PermissionDenied,
             Error::RateLimited { .. } => ErrorKind::RateLimited,
@@ -197,6 +204,7 @@ impl Error {
             | Error::StreamMoved => "unavailable",
             Error::ServerDraining => "server_draining",
             Error::NotImplemented(_) => "not_implemented",
+            Error::DecryptionFailed => "decryption_failed",
             Error::Unauthenticated(_) => "authn",
             Error::PermissionDenied(_) => "permission_denied",
             Error::RateLimited { .. } => "rate_limited",

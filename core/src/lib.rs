@@ -17,6 +17,9 @@
 //! - `read` — `StreamReader`, the cursor unary reads and sessions share → `record_store`
 //! - `compaction` — WAL chunks into segments; `lifecycle` — retention, trim, deletions
 //! - `storage` — the `MetadataStore` and `ObjectStore` traits and their backends
+//! - `usage` — usage counts for the metrics API, written off the append path;
+//!   `metrics` — the metrics API's sets, checks and answers built from them
+//! - `encryption` — sealing and opening records of encrypted streams
 //! - `access` — tokens and scopes; `config`, `names`, `record`, `segment` — domain types
 //! - `error` — typed errors with a kind, which each front end maps through one table
 
@@ -29,12 +32,15 @@ mod compaction;
 pub mod config;
 pub mod connections;
 mod crash_point;
+pub mod encryption;
 mod engine;
 mod error;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
+pub mod groups;
 mod lifecycle;
 mod membership;
+pub mod metrics;
 pub mod names;
 mod ownership;
 pub mod read;
@@ -45,6 +51,8 @@ pub mod remote;
 mod segment;
 pub mod storage;
 mod stream;
+pub mod telemetry;
+pub mod usage;
 /// Public for `chunk_key` (the crash tests damage a log on purpose) and `EntrySpan` (part
 /// of the segment index the `MetadataStore` trait carries); the rest is crate-private.
 pub mod wal;

@@ -20,6 +20,7 @@ use crate::storage::cluster::{StreamClaim, StreamLog, StreamOwner};
 use crate::storage::{MetadataStore, ObjectStore, StreamRecord};
 use crate::stream::{SequencedBatch, SequencerState, StreamState};
 use crate::wal::recovery::{legacy_epochs, replay_logs, StreamReplay};
+use crate::wal::EntryKind;
 use crate::wal::StoredRecord;
 
 fn changing_owner() -> Error {
@@ -167,8 +168,17 @@ impl Ownership {
         for state in streams.values() {
             // Once the sequencer is free, every batch sequenced before the mark is on
             // its way to the log, and none after it.
-            let sequenced = state.sequencer().lock().await.next_seq;
-            match state.durable_through(sequenced).await {
+            // The same for consumer-group ops: the next owner replays them from this
+            // node's log, so every one answered must be in it first.
+            let (sequenced, group_ops) = {
+                let sequencer = state.sequencer().lock().await;
+                (sequencer.next_seq, sequencer.next_group_op)
+            };
+            let durable = async {
+                state.durable_through(sequenced).await?;
+                state.group_ops_durable_through(group_ops).await
+            };
+            match durable.await {
                 Ok(()) | Err(Error::DeletionPending(_)) => {}
                 Err(err) => return Err(err),
             }
@@ -276,15 +286,20 @@ impl Ownership {
                 id,
                 claim.stream.name.clone(),
                 claim.stream.config,
+                claim.stream.cipher,
                 at_checkpoint.clone(),
                 compacted,
                 Vec::new(),
             );
             let mut sequencer = at_checkpoint;
-            for records in replay.batches {
-                sequencer.replay(&records);
+            for (kind, records) in replay.batches {
+                match kind {
+                    EntryKind::Records => sequencer.replay(&records),
+                    EntryKind::GroupOps => sequencer.replay_group_ops(&records)?,
+                }
                 let batch = SequencedBatch {
                     stream: state.clone(),
+                    kind,
                     first_seq: records[0].seq_num,
                     records: records
                         .into_iter()

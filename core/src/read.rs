@@ -6,11 +6,14 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::encryption::{stored_metered_size, StreamCrypto};
 use crate::error::{Error, Resource, Result};
+use crate::names::BasinName;
 use crate::record::{SequencedRecord, StreamPosition, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS};
 use crate::record_store::RecordStore;
 use crate::remote::{RemoteStream, RemoteStreams};
 use crate::stream::{BatchLocation, StreamState};
+use crate::usage::{ConnectionId, Usage};
 
 /// Where a read starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,10 +102,11 @@ impl StreamReader {
     pub(crate) async fn open(
         store: Arc<RecordStore>,
         state: Arc<StreamState>,
-        start: ReadStart,
-        clamp: bool,
+        (start, clamp): (ReadStart, bool),
+        crypto: Option<StreamCrypto>,
+        meter: ReadMeter,
     ) -> Result<StreamReader> {
-        let local = LocalReader::open(store, state, start, clamp).await?;
+        let local = LocalReader::open(store, state, start, clamp, crypto, meter).await?;
         Ok(StreamReader {
             source: Source::Local(local),
         })
@@ -323,6 +327,34 @@ struct LocalReader {
     state: Arc<StreamState>,
     position: u64,
     tail_changes: watch::Receiver<StreamPosition>,
+    /// Opens the records of an encrypted stream with the reader's key.
+    crypto: Option<StreamCrypto>,
+    meter: ReadMeter,
+}
+
+/// Counts what a reader delivers, for the metrics API.
+pub(crate) struct ReadMeter {
+    pub usage: Usage,
+    pub basin: BasinName,
+    pub connection: Option<ConnectionId>,
+    /// A read session (one operation per minute on a connection), or a unary read
+    /// (counted as one operation where it is made).
+    pub streaming: bool,
+}
+
+impl ReadMeter {
+    fn delivered(&self, stream_id: u64, records: &[SequencedRecord]) {
+        if records.is_empty() {
+            return;
+        }
+        let bytes = records.iter().map(SequencedRecord::metered_size).sum();
+        if self.streaming {
+            self.usage
+                .streaming_read(&self.basin, stream_id, bytes, self.connection);
+        } else {
+            self.usage.read_throughput(&self.basin, bytes);
+        }
+    }
 }
 
 impl LocalReader {
@@ -331,6 +363,8 @@ impl LocalReader {
         state: Arc<StreamState>,
         start: ReadStart,
         clamp: bool,
+        crypto: Option<StreamCrypto>,
+        meter: ReadMeter,
     ) -> Result<LocalReader> {
         // Subscribe before looking at the tail, so no append slips between the two.
         let tail_changes = state.subscribe();
@@ -358,6 +392,8 @@ impl LocalReader {
             store,
             state,
             tail_changes,
+            crypto,
+            meter,
         })
     }
 
@@ -387,6 +423,15 @@ impl LocalReader {
             }
             outcome => outcome?,
         };
+        // Opened before the position moves past them: a wrong key reads nothing.
+        let records: Vec<SequencedRecord> = match &self.crypto {
+            None => records,
+            Some(crypto) => records
+                .into_iter()
+                .map(|record| crypto.open(record))
+                .collect::<Result<_>>()?,
+        };
+        self.meter.delivered(self.state.id, &records);
         self.position = match records.last() {
             Some(last) => last.seq_num + 1,
             // Records expired or trimmed away meanwhile are skipped for good.
@@ -466,7 +511,7 @@ impl LocalReader {
                 if limits.until.is_some_and(|until| record.timestamp >= until) {
                     return Ok((records, true, first_retained));
                 }
-                let size = record.metered_size();
+                let size = stored_metered_size(self.state.cipher, &record);
                 if records.len() as u64 >= max_count || bytes + size > max_bytes {
                     return Ok((records, true, first_retained));
                 }

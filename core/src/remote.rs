@@ -19,6 +19,10 @@ pub struct RemoteStream {
     pub bearer: String,
     pub basin: BasinName,
     pub stream: StreamName,
+    /// The caller's key for an encrypted stream, sent along as `s2-encryption-key`.
+    pub encryption_key: Option<crate::encryption::EncryptionKey>,
+    /// The caller's client connection, so the owner counts usage by it.
+    pub connection: Option<crate::usage::ConnectionId>,
 }
 
 #[async_trait]
@@ -29,4 +33,15 @@ pub trait RemoteStreams: Send + Sync + 'static {
     /// `RangeNotSatisfiable` with the tail).
     async fn read(&self, at: &RemoteStream, request: ReadRequest) -> Result<ReadBatch>;
     async fn check_tail(&self, at: &RemoteStream) -> Result<StreamPosition>;
+    /// Runs a RESP command whole at the owner, because it works on state the owner keeps
+    /// with the stream (consumer groups): `command` as the client sent it, the reply
+    /// encoded as the client's protocol (`resp3`) wants it. `timeout` covers a blocking
+    /// read's wait.
+    async fn resp_command(
+        &self,
+        at: &RemoteStream,
+        command: bytes::Bytes,
+        resp3: bool,
+        timeout: std::time::Duration,
+    ) -> Result<bytes::Bytes>;
 }

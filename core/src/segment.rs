@@ -78,6 +78,11 @@ impl SegmentRecord {
         self.entries[self.entries.len() - 1].last_timestamp
     }
 
+    /// The bytes of the segment's entries: what it stores (for the storage gauges).
+    pub fn stored_bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.span.len).sum()
+    }
+
     /// The entry table as stored in the index row.
     pub fn encode_entries(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.entries.len() * ENTRY_BYTES);
@@ -122,6 +127,9 @@ pub struct StreamCheckpoint {
     pub last_timestamp: u64,
     pub fencing_token: String,
     pub trim_point: u64,
+    /// The stream's consumer groups after the group ops before `next_group_op`.
+    pub groups: std::sync::Arc<crate::groups::Groups>,
+    pub next_group_op: u64,
 }
 
 impl From<&StreamCheckpoint> for SequencerState {
@@ -131,6 +139,8 @@ impl From<&StreamCheckpoint> for SequencerState {
             last_timestamp: checkpoint.last_timestamp,
             fencing_token: checkpoint.fencing_token.clone(),
             trim_point: checkpoint.trim_point,
+            groups: checkpoint.groups.clone(),
+            next_group_op: checkpoint.next_group_op,
         }
     }
 }
@@ -142,6 +152,8 @@ impl From<&SequencerState> for StreamCheckpoint {
             last_timestamp: state.last_timestamp,
             fencing_token: state.fencing_token.clone(),
             trim_point: state.trim_point,
+            groups: state.groups.clone(),
+            next_group_op: state.next_group_op,
         }
     }
 }

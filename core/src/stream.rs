@@ -15,18 +15,25 @@ use parking_lot::RwLock;
 use tokio::sync::{watch, Mutex};
 
 use crate::config::{StreamConfig, TimestampingMode};
+use crate::encryption::Cipher;
 use crate::error::{Error, Resource, Result};
+use crate::groups::{GroupOp, GroupTurn, Groups, ReadAhead};
 use crate::names::StreamName;
 use crate::record::{AppendInput, Command, StreamPosition};
-use crate::wal::{EntrySpan, StoredRecord};
+use crate::wal::{EntryKind, EntrySpan, StoredRecord};
 
 pub(crate) struct StreamState {
     pub id: u64,
     pub name: StreamName,
+    /// Fixed when the stream was created: its records are sealed with it.
+    pub cipher: Option<Cipher>,
     config: RwLock<StreamConfig>,
     sequencer: Mutex<SequencerState>,
     visible: RwLock<VisibleState>,
     tail_tx: watch::Sender<StreamPosition>,
+    group_ops_durable: GroupOpsDurable,
+    /// Taken by group changes decided from records read first (see `GroupTurn`).
+    group_turn: Arc<tokio::sync::Mutex<ReadAhead>>,
     /// `OPEN`, `MOVED` or `DELETED`: whether this node still sequences the stream.
     closed: AtomicU8,
 }
@@ -44,6 +51,11 @@ pub(crate) struct SequencerState {
     pub last_timestamp: u64,
     pub fencing_token: String,
     pub trim_point: u64,
+    /// The stream's consumer groups, with every op sequenced so far (shared until
+    /// changed: checkpoints copy it cheaply).
+    pub groups: Arc<Groups>,
+    /// The number the next group op gets.
+    pub next_group_op: u64,
 }
 
 #[derive(Debug, Default)]
@@ -56,6 +68,9 @@ pub(crate) struct VisibleState {
     /// Durable batches still only in the WAL, in sequence order.
     pub batches: Vec<BatchLocation>,
 }
+
+/// The group ops durable so far, for answers that must wait until what they saw is.
+type GroupOpsDurable = watch::Sender<u64>;
 
 /// Which kind of object holds a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,15 +104,25 @@ impl BatchLocation {
     }
 }
 
-/// A batch the sequencer has accepted, on its way to the WAL.
+/// A batch the sequencer has accepted, on its way to the WAL: records at positions
+/// `first_seq..`, or (`kind` group ops) consumer-group ops numbered `first_seq..`.
 pub(crate) struct SequencedBatch {
     pub stream: Arc<StreamState>,
+    pub kind: EntryKind,
     pub first_seq: u64,
     pub records: Arc<[StoredRecord]>,
     pub trim_point: u64,
 }
 
 impl SequencedBatch {
+    /// The stream id its WAL entry carries (marked for group ops).
+    pub fn entry_stream_id(&self) -> u64 {
+        match self.kind {
+            EntryKind::Records => self.stream.id,
+            EntryKind::GroupOps => self.stream.id | crate::wal::GROUP_OPS,
+        }
+    }
+
     pub fn start(&self) -> StreamPosition {
         StreamPosition {
             seq_num: self.first_seq,
@@ -118,6 +143,7 @@ impl StreamState {
         id: u64,
         name: StreamName,
         config: StreamConfig,
+        cipher: Option<Cipher>,
         recovered: SequencerState,
         compacted: StreamPosition,
         batches: Vec<BatchLocation>,
@@ -126,6 +152,7 @@ impl StreamState {
             seq_num: recovered.next_seq,
             timestamp: recovered.last_timestamp,
         };
+        let group_ops = recovered.next_group_op;
         let visible = VisibleState {
             tail,
             trim_point: recovered.trim_point,
@@ -135,10 +162,13 @@ impl StreamState {
         Arc::new(Self {
             id,
             name,
+            cipher,
             config: RwLock::new(config),
             sequencer: Mutex::new(recovered),
             visible: RwLock::new(visible),
             tail_tx: watch::Sender::new(tail),
+            group_ops_durable: watch::Sender::new(group_ops),
+            group_turn: Arc::default(),
             closed: AtomicU8::new(OPEN),
         })
     }
@@ -181,6 +211,11 @@ impl StreamState {
             MOVED => Some(Error::StreamMoved),
             _ => Some(Error::DeletionPending(Resource::Stream(self.name.clone()))),
         }
+    }
+
+    /// Waits for this stream's turn at a group change decided from records read first.
+    pub async fn group_turn(&self) -> GroupTurn {
+        GroupTurn::new(self.group_turn.clone().lock_owned().await)
     }
 
     pub fn sequencer(&self) -> &Mutex<SequencerState> {
@@ -237,6 +272,9 @@ impl StreamState {
                 return Err(Error::SeqNumMismatch(state.next_seq));
             }
         }
+        if let Some(cipher) = self.cipher {
+            check_record_limit(cipher, state.next_seq, input.records.len(), commands)?;
+        }
         let config = self.config();
         let mode = config.timestamping_mode();
         let uncapped = config.timestamping_uncapped();
@@ -273,14 +311,75 @@ impl StreamState {
         state.trim_point = effects.trim_point;
         Ok(SequencedBatch {
             stream: self.clone(),
+            kind: EntryKind::Records,
             first_seq,
             records: records.into(),
             trim_point: effects.trim_point,
         })
     }
 
-    /// Makes a durable batch visible to readers and wakes followers.
+    /// Applies consumer-group ops (checked against the bounds first) and numbers them:
+    /// the batch that logs them. The caller holds the sequencer lock, as for records.
+    pub fn sequence_group_ops(
+        self: &Arc<Self>,
+        state: &mut SequencerState,
+        ops: &[GroupOp],
+    ) -> Result<SequencedBatch> {
+        if let Some(closed) = self.closed() {
+            return Err(closed);
+        }
+        for op in ops {
+            state.groups.check(op)?;
+        }
+        let groups = Arc::make_mut(&mut state.groups);
+        let records: Vec<StoredRecord> = ops
+            .iter()
+            .map(|op| {
+                groups.apply(op);
+                StoredRecord {
+                    timestamp: 0,
+                    headers: Vec::new(),
+                    body: crate::groups::encode(op),
+                }
+            })
+            .collect();
+        let first_seq = state.next_group_op;
+        state.next_group_op += records.len() as u64;
+        Ok(SequencedBatch {
+            stream: self.clone(),
+            kind: EntryKind::GroupOps,
+            first_seq,
+            records: records.into(),
+            trim_point: state.trim_point,
+        })
+    }
+
+    /// Waits until every group op numbered below `through` is durable (or the stream
+    /// is deleted).
+    pub async fn group_ops_durable_through(&self, through: u64) -> Result<()> {
+        let mut durable = self.group_ops_durable.subscribe();
+        loop {
+            if self.is_deleted() {
+                return Err(Error::DeletionPending(Resource::Stream(self.name.clone())));
+            }
+            if *durable.borrow_and_update() >= through {
+                return Ok(());
+            }
+            if durable.changed().await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Makes a durable batch visible to readers and wakes followers; for group ops,
+    /// marks them durable.
     pub fn publish(&self, batch: &SequencedBatch, chunk: Arc<str>, span: EntrySpan) {
+        if batch.kind == EntryKind::GroupOps {
+            let end = batch.first_seq + batch.records.len() as u64;
+            self.group_ops_durable
+                .send_modify(|durable| *durable = (*durable).max(end));
+            return;
+        }
         let end = batch.end();
         let mut visible = self.visible.write();
         visible.tail = end;
@@ -312,7 +411,44 @@ impl StreamState {
     }
 }
 
+/// Refuses a batch that would put a record (other than a command record) at a position
+/// past what its cipher allows (2^32 records for AES-256-GCM).
+fn check_record_limit(
+    cipher: Cipher,
+    next_seq: u64,
+    records: usize,
+    commands: &[(usize, Command)],
+) -> Result<()> {
+    let last_record = (0..records)
+        .rev()
+        .find(|i| !commands.iter().any(|(at, _)| at == i));
+    match last_record {
+        Some(i) if next_seq.saturating_add(i as u64) >= cipher.max_records() => {
+            Err(Error::invalid(format!(
+                "a stream encrypted with {cipher} can hold at most {} records (sequence \
+                 numbers up to {}); this append would place one at {}. Create a new stream \
+                 (aegis-256 has no such limit) and move writers to it",
+                cipher.max_records(),
+                cipher.max_records() - 1,
+                next_seq.saturating_add(i as u64)
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 impl SequencerState {
+    /// Applies one durable batch of group ops (`records` numbered from `next_group_op`,
+    /// never empty): how recovery and compaction follow a stream's groups.
+    pub fn replay_group_ops(&mut self, records: &[crate::record::SequencedRecord]) -> Result<()> {
+        let groups = Arc::make_mut(&mut self.groups);
+        for record in records {
+            groups.apply(&crate::groups::decode(&record.body)?);
+        }
+        self.next_group_op = records[records.len() - 1].seq_num + 1;
+        Ok(())
+    }
+
     /// Advances past one durable batch (`records` in sequence order, never empty),
     /// applying its command records: how recovery replays the log and compaction moves
     /// a stream's checkpoint, with the same rules as [`StreamState::sequence`].
@@ -389,6 +525,7 @@ mod tests {
             1,
             StreamName::new("s").unwrap(),
             config,
+            None,
             SequencerState::default(),
             StreamPosition::default(),
             Vec::new(),
@@ -539,6 +676,28 @@ mod tests {
         s.mark_deleted();
         s.mark_moved();
         assert!(s.is_deleted());
+    }
+
+    #[test]
+    fn aes_gcm_streams_take_records_up_to_two_to_the_32_and_commands_past_it() {
+        let max = Cipher::Aes256Gcm.max_records();
+        let trim = [(1usize, Command::Trim(0))];
+        // The last record lands at max - 1: allowed.
+        assert!(check_record_limit(Cipher::Aes256Gcm, max - 2, 2, &[]).is_ok());
+        // One past it: refused, and the message says why.
+        let err = check_record_limit(Cipher::Aes256Gcm, max - 1, 2, &[]).unwrap_err();
+        assert_eq!(err.code(), "invalid");
+        assert!(
+            err.to_string().contains("at most 4294967296 records"),
+            "{err}"
+        );
+        // A command record may take the position past the limit.
+        assert!(check_record_limit(Cipher::Aes256Gcm, max - 1, 2, &trim).is_ok());
+        assert!(
+            check_record_limit(Cipher::Aes256Gcm, max + 5, 1, &[(0, Command::Trim(0))]).is_ok()
+        );
+        // AEGIS-256 has no such limit.
+        assert!(check_record_limit(Cipher::Aegis256, max + 5, 1000, &[]).is_ok());
     }
 
     #[test]

@@ -49,6 +49,12 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_LEASE_SECS", default_value_t = 10)]
     pub lease_secs: u64,
 
+    /// The name of the one location this server offers (what `GET /v1/locations`
+    /// reports, and what a basin's `scope` or `location` must name when given), e.g.
+    /// `aws:us-east-1` for clients that send a scope.
+    #[arg(long, env = "STREAMGATE_LOCATION", default_value = "local")]
+    pub location: String,
+
     /// Directory for the embedded default storage (and anything else kept on disk).
     #[arg(long, env = "STREAMGATE_DATA_DIR", default_value = "./streamgate-data")]
     pub data_dir: PathBuf,
@@ -82,7 +88,9 @@ pub struct Args {
     pub flush_max_bytes: usize,
 
     /// WAL chunks written concurrently, 1 to 64 (acknowledged strictly in order).
-    /// Default: 4 on a local directory, 16 on S3 (whose writes take longer).
+    /// Default: 4 on a local directory, 16 on S3 (whose writes take longer). On a local
+    /// directory a chunk joins others in flight only once it holds 256 KiB; smaller ones
+    /// wait and share the next write.
     #[arg(long, env = "STREAMGATE_FLUSH_IN_FLIGHT")]
     pub flush_in_flight: Option<usize>,
 
@@ -115,6 +123,16 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_REAP_INTERVAL_SECS", default_value_t = 5)]
     pub reap_interval_secs: u64,
 
+    /// How often the stored bytes of every stream are read for the storage metrics of
+    /// the metrics API (seconds; one metadata query each time, on one node of the
+    /// cluster).
+    #[arg(
+        long,
+        env = "STREAMGATE_STORAGE_METRICS_INTERVAL_SECS",
+        default_value_t = 60
+    )]
+    pub storage_metrics_interval_secs: u64,
+
     /// Client connections open at once, HTTP and RESP together. Past it, a new
     /// connection is refused at once (`503` over HTTP, `-ERR max number of clients
     /// reached` over RESP) until others close.
@@ -129,6 +147,38 @@ pub struct Args {
     /// PEM private key for --tls-cert.
     #[arg(long, env = "STREAMGATE_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+
+    /// Basins and streams to provision at start-up, before serving: a JSON file in the
+    /// format of `s2 apply -f` (`{"basins": [{"name", "config", "streams": [{"name",
+    /// "config"}]}]}`). What is missing is created and what exists is reconfigured in the
+    /// fields the file gives, so it is safe on every restart; a bad file stops start-up.
+    #[arg(long, env = "STREAMGATE_INIT_FILE")]
+    pub init_file: Option<PathBuf>,
+
+    /// Address for operator metrics in Prometheus' format (`GET /metrics`: requests
+    /// and latency per front end and operation, WAL flushes, object and metadata store
+    /// calls, compaction, sessions, connections, ...). A listener of its own, without
+    /// access tokens: keep it where only Prometheus reaches it. `off` (the default)
+    /// disables it; `127.0.0.1:9464` is a usual choice.
+    #[arg(long, env = "STREAMGATE_METRICS_LISTEN", default_value = "off")]
+    pub metrics_listen: String,
+
+    /// Do not serve the dashboard at /dashboard (it is served by default: a client of
+    /// the REST API that needs an access token like any other).
+    #[arg(long, env = "STREAMGATE_NO_DASHBOARD")]
+    pub no_dashboard: bool,
+
+    /// Origins whose pages may call the API from a browser (CORS), e.g.
+    /// `https://app.example.com`; repeat the flag (or separate with commas) for several.
+    /// Default: every origin, as s2-lite does, so the TypeScript SDK and dashboards work
+    /// from any page (every call still needs an access token).
+    #[arg(long, env = "STREAMGATE_CORS_ALLOW_ORIGIN", value_delimiter = ',')]
+    pub cors_allow_origin: Vec<String>,
+
+    /// Send no CORS headers: browsers then allow calls only from pages of this server's
+    /// own origin.
+    #[arg(long, env = "STREAMGATE_NO_CORS")]
+    pub no_cors: bool,
 
     /// Log filter, in `tracing` / RUST_LOG syntax (e.g. `info`, `streamgate=debug`).
     #[arg(long, env = "STREAMGATE_LOG", default_value = "info")]

@@ -1,6 +1,7 @@
 //! The `streamgate` binary: configuration, start-up, serving and draining.
 
-use streamgate::{api, cli, server, tls};
+use streamgate::cors::CorsPolicy;
+use streamgate::{api, cli, dashboard, init_file, operator_metrics, server, tls};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,13 @@ async fn main() {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    let cors = CorsPolicy::from_flags(args.no_cors, &args.cors_allow_origin)?;
+    // Checked before anything starts: a bad file stops start-up with the field named.
+    let init = args
+        .init_file
+        .as_deref()
+        .map(|path| init_file::load(path).map(|spec| (path, spec)))
+        .transpose()?;
     // Durably: a power cut must not take a fresh data directory away with the metadata
     // and records acknowledged inside it.
     open_dir_durably(&args.data_dir).with_context(|| {
@@ -82,32 +90,38 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // Defaults tuned for each store: a local disk acks fastest with no linger; S3's
     // writes take tens of ms and are billed per request, so appends wait a little to
     // share a PUT and more PUTs are kept in flight.
-    let (objects, default_linger_ms, default_in_flight): (Arc<dyn ObjectStore>, u64, usize) =
-        match &objects_location {
-            StoreLocation::Path(path) => (
-                Arc::new(
-                    LocalDirObjectStore::open(path)
-                        .with_context(|| format!("opening the record store {}", path.display()))?,
-                ),
-                0,
-                4,
+    let (objects, default_linger_ms, default_in_flight, parallel_min_bytes): (
+        Arc<dyn ObjectStore>,
+        u64,
+        usize,
+        usize,
+    ) = match &objects_location {
+        StoreLocation::Path(path) => (
+            Arc::new(
+                LocalDirObjectStore::open(path)
+                    .with_context(|| format!("opening the record store {}", path.display()))?,
             ),
-            StoreLocation::Server(url) => {
-                let location = S3Location {
-                    endpoint: args.s3_endpoint.clone(),
-                    ..S3Location::parse(url)?
-                };
-                (
-                    Arc::new(
-                        S3ObjectStore::connect(location)
-                            .await
-                            .with_context(|| format!("opening the record store {url}"))?,
-                    ),
-                    10,
-                    16,
-                )
-            }
-        };
+            0,
+            4,
+            FlushSettings::default().parallel_min_bytes,
+        ),
+        StoreLocation::Server(url) => {
+            let location = S3Location {
+                endpoint: args.s3_endpoint.clone(),
+                ..S3Location::parse(url)?
+            };
+            (
+                Arc::new(
+                    S3ObjectStore::connect(location)
+                        .await
+                        .with_context(|| format!("opening the record store {url}"))?,
+                ),
+                10,
+                16,
+                0,
+            )
+        }
+    };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
         _ => None,
@@ -144,8 +158,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .flush_in_flight
                 .unwrap_or(default_in_flight)
                 .clamp(1, streamgate_core::MAX_TORN_TAIL),
+            parallel_min_bytes,
         },
         cache_bytes: args.cache_mib * 1024 * 1024,
+        location: location_name(&args.location)?,
+        storage_metrics_interval: Duration::from_secs(args.storage_metrics_interval_secs.max(1)),
         max_inflight_bytes: args.max_inflight_mib.max(2) * 1024 * 1024,
         reap_interval: Duration::from_secs(args.reap_interval_secs.max(1)),
         compaction_interval: Duration::from_millis(args.compaction_interval_ms.max(10)),
@@ -157,6 +174,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .context("recovering streams")?;
     let root_token = root_token(&engine, &args).await?;
+    let init = match &init {
+        Some((path, spec)) => {
+            let applied = init_file::apply(&streamgate_core::Caller::root(&engine), spec)
+                .await
+                .with_context(|| format!("--init-file {}", path.display()))?;
+            Some((*path, applied))
+        }
+        None => None,
+    };
 
     let resp_listener = match args.resp_listen.as_str() {
         "off" | "" => None,
@@ -179,17 +205,38 @@ async fn run(args: Args) -> anyhow::Result<()> {
         },
     };
     let resp_addr = resp_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+    let metrics_listener = match args.metrics_listen.as_str() {
+        "off" | "" => None,
+        listen => {
+            let address: std::net::SocketAddr = listen.parse().with_context(|| {
+                format!("--metrics-listen: `{listen}` is not an address (or `off`)")
+            })?;
+            Some(operator_metrics::listen(address).await?)
+        }
+    };
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(|(l, _)| l.local_addr())
+        .transpose()?;
+    if let Some((listener, handle)) = metrics_listener {
+        tokio::spawn(operator_metrics::serve(listener, handle));
+    }
     // Only nodes that share PostgreSQL and a bucket can form a cluster.
     let shared = matches!(metadata_location, StoreLocation::Server(_))
         && matches!(objects_location, StoreLocation::Server(_));
     print_banner(
         &args,
-        addr,
-        resp_addr,
-        tls.is_some(),
+        &Listeners {
+            http: addr,
+            resp: resp_addr,
+            metrics: metrics_addr,
+            tls: tls.is_some(),
+        },
         (&metadata_description, shared),
         &engine,
         &root_token,
+        &cors,
+        init.as_ref(),
     );
 
     let connections =
@@ -205,7 +252,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
             start_drain.subscribe(),
         ))
     });
-    let app = api::router(engine.clone(), drain);
+    let pages = dashboard::router(
+        !args.no_dashboard,
+        dashboard::ServerInfo {
+            version: env!("CARGO_PKG_VERSION"),
+            resp: resp_addr.map(|resp| {
+                let scheme = if tls.is_some() { "rediss" } else { "redis" };
+                format!("{scheme}://{resp}")
+            }),
+        },
+    );
+    let app = api::router(engine.clone(), drain, pages);
+    let app = match cors.layer() {
+        Some(layer) => app.layer(layer),
+        None => app,
+    };
     let draining = engine.clone();
     let fenced = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let fenced_flag = fenced.clone();
@@ -251,6 +312,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--location`: 1 to 64 lowercase letters, digits, `-`, `:` or `.`.
+fn location_name(name: &str) -> anyhow::Result<String> {
+    let valid = (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-:.".contains(&b));
+    if !valid {
+        anyhow::bail!(
+            "--location: `{name}` is not a location name (1 to 64 lowercase letters, digits, \
+             `-`, `:` or `.`, e.g. `local` or `aws:us-east-1`)"
+        );
+    }
+    Ok(name.to_owned())
 }
 
 /// A node whose records are in a local directory cannot share a cluster: the others
@@ -317,15 +393,29 @@ fn host_name() -> Option<String> {
     (ok && !name.is_empty()).then(|| name.to_owned())
 }
 
+/// Where this process listens, for the banner.
+struct Listeners {
+    http: std::net::SocketAddr,
+    resp: Option<std::net::SocketAddr>,
+    metrics: Option<std::net::SocketAddr>,
+    tls: bool,
+}
+
 fn print_banner(
     args: &Args,
-    addr: std::net::SocketAddr,
-    resp: Option<std::net::SocketAddr>,
-    tls: bool,
+    listeners: &Listeners,
     (metadata, shared): (&str, bool),
     engine: &Engine,
     root_token: &str,
+    cors: &CorsPolicy,
+    init: Option<&(&std::path::Path, init_file::Applied)>,
 ) {
+    let &Listeners {
+        http: addr,
+        resp,
+        metrics,
+        tls,
+    } = listeners;
     let flush = engine.settings().flush;
     let (endpoint, protocols) = if tls {
         (format!("https://{addr}"), "HTTP/2 and HTTP/1.1 over TLS")
@@ -352,10 +442,14 @@ fn print_banner(
     println!("  metadata:      {metadata}");
     println!("  records:       {}", engine.describe_storage());
     println!(
-        "  WAL flush:     linger {} ms, chunks up to {} KiB, {} in flight; acks once durable",
+        "  WAL flush:     linger {} ms, chunks up to {} KiB, {} in flight{}; acks once durable",
         flush.linger.as_millis(),
         flush.max_chunk_bytes / 1024,
-        flush.max_in_flight
+        flush.max_in_flight,
+        match flush.parallel_min_bytes {
+            0 => String::new(),
+            bytes => format!(" (more than one from {} KiB)", bytes / 1024),
+        }
     );
     let settings = engine.settings();
     println!(
@@ -377,7 +471,31 @@ fn print_banner(
             "  cluster:       one node (nodes started with the same --metadata postgres://… and --objects s3://… form a cluster)"
         );
     }
+    let cors = match cors {
+        CorsPolicy::AnyOrigin => {
+            "pages of any origin (--cors-allow-origin to narrow, --no-cors to stop)".to_owned()
+        }
+        CorsPolicy::Origins(_) => format!("pages of {}", cors.describe()),
+        CorsPolicy::Off => "same origin only (CORS off)".to_owned(),
+    };
+    println!("  browsers:      {cors}");
+    if let Some((path, applied)) = init {
+        println!("  init file:     {} ({applied})", path.display());
+    }
+    match metrics {
+        Some(metrics) => println!("  metrics:       http://{metrics}/metrics   (Prometheus; the S2 metrics API is at {endpoint}/v1/metrics)"),
+        None => println!("  metrics:       Prometheus metrics off (--metrics-listen 127.0.0.1:9464 serves them); usage: {endpoint}/v1/metrics"),
+    }
     println!("  operations:    {endpoint}/health (liveness), {endpoint}/ready (readiness: 503 and why while appends cannot be made durable)");
+    if !args.no_dashboard {
+        // The token rides in the fragment, which browsers never send to the server.
+        let token = if root_token.starts_with('<') {
+            String::new()
+        } else {
+            format!("#token={}", api::peers::percent_encoded(root_token))
+        };
+        println!("  dashboard:     {endpoint}/dashboard{token}");
+    }
     println!("Point the s2 CLI and SDKs at it:");
     println!("  export S2_ACCOUNT_ENDPOINT={endpoint}");
     println!("  export S2_BASIN_ENDPOINT={endpoint}");

@@ -13,6 +13,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap};
 use bytes::Bytes;
 use streamgate_core::names::BasinName;
+use streamgate_core::usage::ConnectionId;
 use streamgate_core::{Caller, Engine, Error};
 
 /// The address of the client a request came from: the HTTP server puts it in every
@@ -56,7 +57,37 @@ pub fn basin(parts: &Parts) -> Result<BasinName, String> {
 /// often lately).
 pub async fn authenticate(engine: &Engine, parts: &Parts) -> streamgate_core::Result<Caller> {
     let token = bearer_token(&parts.headers)?;
-    Caller::authenticate(engine, token, client_ip(parts)).await
+    let caller = Caller::authenticate(engine, token, client_ip(parts)).await?;
+    Ok(caller.with_connection(connection(engine, parts)))
+}
+
+/// On a request one node passes to another: the connection the client sent it on, at
+/// the node that accepted it (see `connection`).
+pub const CLIENT_CONNECTION: &str = "streamgate-client-connection";
+
+/// Marks a request this node passes to another with the client's connection, so the
+/// node that serves it counts usage by the client's connection, not the nodes' link.
+pub fn pass_on_connection(headers: &mut HeaderMap, connection: Option<ConnectionId>) {
+    if let Some(connection) = connection {
+        headers.insert(CLIENT_CONNECTION, connection.0.into());
+    }
+}
+
+/// The client connection a request came on, for the usage counts: the one another node
+/// names (a request it passed on, marked by `streamgate-forwarded-by`), or this node's
+/// connection from the client.
+fn connection(engine: &Engine, parts: &Parts) -> Option<ConnectionId> {
+    let passed_on = parts
+        .headers
+        .contains_key("streamgate-forwarded-by")
+        .then(|| parts.headers.get(CLIENT_CONNECTION))
+        .flatten()
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .map(ConnectionId);
+    passed_on.or_else(|| {
+        let ClientAddress(peer) = parts.extensions.get::<ClientAddress>()?;
+        Some(ConnectionId::accepted(engine.epoch(), *peer))
+    })
 }
 
 /// The secret of the `Authorization: Bearer <token>` header; `authn` when there is none.

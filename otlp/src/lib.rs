@@ -62,10 +62,12 @@ async fn export(engine: Engine, signal: Signal, request: Request) -> Response {
         }
         .respond(Encoding::Json);
     };
-    match accept(&engine, signal, encoding, &parts, body).await {
+    let response = match accept(&engine, signal, encoding, &parts, body).await {
         Ok(response) => response,
         Err(failure) => failure.respond(encoding),
-    }
+    };
+    streamgate_core::telemetry::otlp_export(signal.name(), response.status().is_success());
+    response
 }
 
 /// Checks, parses and stores one export; a `Failure` is answered in the request's
@@ -170,7 +172,9 @@ impl Failure {
 /// is a 503 or a 429 here.
 fn status_of(kind: ErrorKind) -> (StatusCode, RpcCode) {
     match kind {
-        ErrorKind::Invalid => (StatusCode::BAD_REQUEST, RpcCode::InvalidArgument),
+        ErrorKind::Invalid | ErrorKind::DecryptionFailed => {
+            (StatusCode::BAD_REQUEST, RpcCode::InvalidArgument)
+        }
         ErrorKind::NotFound => (StatusCode::NOT_FOUND, RpcCode::NotFound),
         ErrorKind::Conflict | ErrorKind::ConditionFailed => {
             (StatusCode::CONFLICT, RpcCode::FailedPrecondition)

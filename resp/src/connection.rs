@@ -1,26 +1,28 @@
 //! One RESP connection: buffered framing, pipelining, and the order of replies.
 //!
 //! Pipelined XADDs to the same stream are gathered into one engine append (up to the
-//! batch limits) and acknowledged together once durable. Any other command first waits
-//! for the XADDs before it, so it sees their effects; replies always go out in request
-//! order.
+//! batch limits) and acknowledged together once durable. Consumer-group commands are
+//! decided at once and answered once durable, so a pipeline of them shares log writes.
+//! Any other command (and a group command after XADDs) first waits for the commands
+//! before it, so it sees their effects; replies always go out in request order.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures::future::BoxFuture;
 use futures::stream::{FuturesOrdered, StreamExt};
 use streamgate_core::names::BasinName;
-use streamgate_core::Engine;
+use streamgate_core::{telemetry, Engine};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::cmd::xadd::{self, XaddBatch};
 use crate::cmd::{self, Command};
 use crate::reply::Reply;
-use crate::session::Session;
+use crate::session::{error_reply, Session};
 use crate::RespSettings;
+use streamgate_core::groups::Durable;
 
 /// Bytes read ahead while a command runs (a client pipelining behind a blocked XREAD):
 /// past this the connection stops reading until the command is done.
@@ -47,12 +49,15 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     client: crate::Client,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
+    let _open = telemetry::OpenGuard::new("resp");
     let mut session = Session::new(engine, settings, sni_basin, client);
     let mut decoder = crate::request::RequestDecoder::default();
     let mut input = BytesMut::with_capacity(16 * 1024);
     let mut output = BytesMut::with_capacity(16 * 1024);
     let mut pending: Pending = FuturesOrdered::new();
     let mut batch: Option<XaddBatch> = None;
+    // Whether `pending` may hold XADDs, which a group command must wait for.
+    let mut xadds_pending = false;
     let mut partial_since: Option<tokio::time::Instant> = None;
     let auth_deadline = tokio::time::Instant::now() + AUTH_TIMEOUT;
     let mut ever_authenticated = false;
@@ -75,7 +80,10 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                     return Ok(()); // the stream cannot be resynchronised
                 }
             };
-            let command = cmd::parse(args);
+            let command = cmd::parse(&args);
+            // A group command is kept as sent, to run whole where its stream is.
+            let sent = matches!(&command, Ok(c) if c.group_keys().is_some())
+                .then(|| crate::forwarded::encode_command(&args));
             // Gather pipelined XADDs per stream.
             if let Ok(Command::XAdd {
                 key,
@@ -91,7 +99,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                             continue;
                         }
                     }
-                    flush_batch(&mut session, &mut batch, &mut pending).await;
+                    xadds_pending |= flush_batch(&mut session, &mut batch, &mut pending).await;
                     match XaddBatch::start(key.clone(), fields) {
                         Ok(started) => batch = Some(started),
                         Err(reply) => {
@@ -101,19 +109,24 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                     continue;
                 }
             }
-            flush_batch(&mut session, &mut batch, &mut pending).await;
-            // Other commands run after the XADDs before them are durable.
-            if drain(&mut pending, session.resp3, &mut output).await {
-                stream.write_all(&output).await?;
-                return Ok(());
+            xadds_pending |= flush_batch(&mut session, &mut batch, &mut pending).await;
+            // Other commands run after the ones before them are done (durable).
+            let defers = matches!(&command, Ok(c) if c.defers_reply());
+            if !defers || xadds_pending {
+                xadds_pending = false;
+                if drain(&mut pending, session.resp3, &mut output).await {
+                    stream.write_all(&output).await?;
+                    return Ok(());
+                }
             }
-            let (reply, close) = match command {
+            let (reply, close, durable) = match command {
                 Ok(command) => {
+                    let (name, started) = (command.name(), Instant::now());
                     // While a command runs (an XREAD may block for long), keep watching
                     // the socket: a client that hangs up cancels its blocked read.
-                    let execution = cmd::execute(&mut session, command, &mut shutdown);
+                    let execution = cmd::execute(&mut session, command, &mut shutdown, sent);
                     tokio::pin!(execution);
-                    loop {
+                    let outcome = loop {
                         tokio::select! {
                             outcome = &mut execution => break outcome,
                             read = stream.read_buf(&mut input), if input.len() < MAX_BUFFERED_INPUT => {
@@ -122,15 +135,24 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                                 }
                             }
                         }
-                    }
+                    };
+                    telemetry::request("resp", name.into(), outcome.0.outcome(), started.elapsed());
+                    outcome
                 }
-                Err(message) => (Reply::error(message), false),
+                Err(message) => (Reply::error(message), false, Vec::new()),
             };
-            reply.encode(session.resp3, &mut output);
             if close {
+                drain(&mut pending, session.resp3, &mut output).await;
+                reply.encode(session.resp3, &mut output);
                 stream.write_all(&output).await?;
                 return Ok(());
             }
+            if !durable.is_empty() || !pending.is_empty() {
+                // Behind replies still held back, or itself to be held back.
+                pending.push_back(Box::pin(once_durable(reply, durable)));
+                continue;
+            }
+            reply.encode(session.resp3, &mut output);
             // Replies go out as they accumulate, so a pipeline of large reads holds at
             // most this much, and a client that does not read them stops this loop.
             if output.len() >= MAX_BUFFERED_OUTPUT {
@@ -138,7 +160,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                 output.clear();
             }
         }
-        flush_batch(&mut session, &mut batch, &mut pending).await;
+        xadds_pending |= flush_batch(&mut session, &mut batch, &mut pending).await;
         if !output.is_empty() {
             stream.write_all(&output).await?;
             output.clear();
@@ -196,11 +218,39 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Submits the gathered XADDs as one append; its replies join the queue.
-async fn flush_batch(session: &mut Session, batch: &mut Option<XaddBatch>, pending: &mut Pending) {
-    if let Some(batch) = batch.take() {
-        pending.push_back(xadd::submit(session, batch).await);
+/// A reply given once the group changes it reflects are durable (an error if they
+/// could not be made so).
+async fn once_durable(reply: Reply, durable: Vec<Durable>) -> (Vec<Reply>, bool) {
+    for change in durable {
+        if let Err(err) = change.await {
+            return (vec![error_reply(&err)], false);
+        }
     }
+    (vec![reply], false)
+}
+
+/// Submits the gathered XADDs as one append; its replies join the queue. Whether there
+/// were any.
+async fn flush_batch(
+    session: &mut Session,
+    batch: &mut Option<XaddBatch>,
+    pending: &mut Pending,
+) -> bool {
+    let Some(batch) = batch.take() else {
+        return false;
+    };
+    {
+        let started = Instant::now();
+        let acks = xadd::submit(session, batch).await;
+        pending.push_back(Box::pin(async move {
+            let (replies, close) = acks.await;
+            for reply in &replies {
+                telemetry::request("resp", "xadd".into(), reply.outcome(), started.elapsed());
+            }
+            (replies, close)
+        }));
+    }
+    true
 }
 
 /// Writes every queued reply into `output`, waiting for each. Returns whether the

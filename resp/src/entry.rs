@@ -8,25 +8,9 @@ use streamgate_core::record::{Header, SequencedRecord};
 pub const MARKER_NAME: &[u8] = b"s2-resp.v";
 pub const MARKER_VALUE: &[u8] = b"1";
 
-/// A stream entry ID (or a bound given as one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EntryId {
-    pub timestamp: u64,
-    pub seq_num: u64,
-}
-
-impl EntryId {
-    pub fn of(record: &SequencedRecord) -> EntryId {
-        EntryId {
-            timestamp: record.timestamp,
-            seq_num: record.seq_num,
-        }
-    }
-
-    pub fn to_bytes(self) -> Bytes {
-        Bytes::from(format!("{}-{}", self.timestamp, self.seq_num))
-    }
-}
+/// A stream entry ID (or a bound given as one): the engine's, which consumer groups
+/// keep too.
+pub use streamgate_core::groups::EntryId;
 
 /// An ID argument: `ts-seq`, or `ts` alone (a timestamp-only ID).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +20,14 @@ pub enum IdArg {
 }
 
 impl IdArg {
+    /// The ID it names: a timestamp alone means sequence number 0.
+    pub fn id(self) -> EntryId {
+        match self {
+            IdArg::Full(id) => id,
+            IdArg::TimestampOnly(ts) => EntryId::new(ts, 0),
+        }
+    }
+
     pub fn parse(arg: &[u8]) -> Option<IdArg> {
         let text = std::str::from_utf8(arg).ok()?;
         match text.split_once('-') {

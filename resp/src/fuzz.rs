@@ -30,7 +30,7 @@ pub fn requests(data: &[u8]) {
                         taken <= before - input.len(),
                         "arguments come from consumed bytes"
                     );
-                    let _ = crate::cmd::parse(args);
+                    let _ = crate::cmd::parse(&args);
                 }
                 Ok(None) => {
                     assert!(

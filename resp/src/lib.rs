@@ -13,6 +13,7 @@
 mod cmd;
 mod connection;
 mod entry;
+mod forwarded;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
 mod permissions;
@@ -30,6 +31,8 @@ use streamgate_core::Engine;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
+
+pub use forwarded::run_forwarded;
 
 /// How the RESP listener picks a connection's basin.
 #[derive(Debug, Clone, Default)]

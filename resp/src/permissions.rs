@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use streamgate_core::access::Operation::{self, *};
 
-use crate::cmd::Command;
+use crate::cmd::{Command, XGroup, XInfo};
 use crate::reply::Reply;
 use crate::session::{error_reply, stream_name};
 use crate::streams::Streams;
@@ -39,6 +39,26 @@ fn needed(command: &Command) -> Option<(Vec<&Bytes>, Vec<Operation>)> {
             };
             (keys.iter().collect(), ops)
         }
+        Command::XRevRange { key, .. } => (vec![key], vec![Read, CheckTail]),
+        // Group state is written state of its stream: changing it takes read and
+        // append; MKSTREAM creates the stream too.
+        Command::XGroup(XGroup::Create { key, mkstream, .. }) => {
+            let mut ops = vec![Read, Append];
+            if *mkstream {
+                ops.push(CreateStream);
+            }
+            (vec![key], ops)
+        }
+        Command::XGroup(group) => (group.key().into_iter().collect(), vec![Read, Append]),
+        Command::XReadGroup(read) => (read.keys.iter().collect(), vec![Read, Append]),
+        Command::XAck { key, .. } => (vec![key], vec![Read, Append]),
+        Command::XClaim(claim) => (vec![&claim.key], vec![Read, Append]),
+        Command::XAutoClaim(claim) => (vec![&claim.key], vec![Read, Append]),
+        Command::XPending { key, .. } => (vec![key], vec![Read]),
+        Command::XInfo(XInfo::Stream { key, .. } | XInfo::Groups { key }) => {
+            (vec![key], vec![Read, CheckTail])
+        }
+        Command::XInfo(XInfo::Consumers { key, .. }) => (vec![key], vec![Read]),
         Command::Exists(keys) => (keys.iter().collect(), vec![GetStreamConfig]),
         Command::Type(key) => (vec![key], vec![GetStreamConfig]),
         _ => return None,

@@ -1,8 +1,7 @@
-//! Replies, encoded for the connection's protocol (RESP2 or RESP3) with the
-//! `redis-protocol` crate's encoders.
+//! Replies, encoded for the connection's protocol: RESP2 directly, RESP3 with the
+//! `redis-protocol` crate's encoder.
 
 use bytes::{Bytes, BytesMut};
-use redis_protocol::resp2::types::BytesFrame as Resp2;
 use redis_protocol::resp3::types::BytesFrame as Resp3;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -18,11 +17,23 @@ pub enum Reply {
     Array(Vec<Reply>),
     /// A map in RESP3; a flat array of keys and values in RESP2.
     Map(Vec<(Reply, Reply)>),
+    /// A whole reply encoded already, in the client's protocol, by the node that ran
+    /// the command (see `crate::forwarded`). Only ever a command's whole reply.
+    Encoded(Bytes),
 }
 
 impl Reply {
     pub fn ok() -> Reply {
         Reply::Simple("OK")
+    }
+
+    /// How operator metrics count the reply: `error` for an error reply.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Reply::Error(_) => "error",
+            Reply::Encoded(encoded) if encoded.starts_with(b"-") => "error",
+            _ => "ok",
+        }
     }
 
     pub fn error(message: impl Into<String>) -> Reply {
@@ -33,23 +44,39 @@ impl Reply {
         Reply::Bulk(text.into())
     }
 
-    fn resp2(&self) -> Resp2 {
+    /// RESP2, written directly: it is small, and it has the null array (`*-1`) that
+    /// XREAD and friends reply with, which the crate's RESP2 frames cannot express.
+    fn encode_resp2(&self, out: &mut BytesMut) {
+        fn line(out: &mut BytesMut, kind: u8, text: &[u8]) {
+            out.extend_from_slice(&[kind]);
+            out.extend_from_slice(text);
+            out.extend_from_slice(b"\r\n");
+        }
         match self {
-            Reply::Simple(s) => Resp2::SimpleString(Bytes::from_static(s.as_bytes())),
-            Reply::Error(e) => Resp2::Error(e.as_str().into()),
-            Reply::Integer(i) => Resp2::Integer(*i),
-            Reply::Bulk(b) => Resp2::BulkString(b.clone()),
-            Reply::Null => Resp2::Null,
-            // RESP2's null array is `*-1`, which the crate has no frame for; clients
-            // treat the null bulk string `$-1` the same way for these replies.
-            Reply::NullArray => Resp2::Null,
-            Reply::Array(items) => Resp2::Array(items.iter().map(Reply::resp2).collect()),
-            Reply::Map(pairs) => Resp2::Array(
-                pairs
-                    .iter()
-                    .flat_map(|(k, v)| [k.resp2(), v.resp2()])
-                    .collect(),
-            ),
+            Reply::Simple(s) => line(out, b'+', s.as_bytes()),
+            Reply::Error(e) => line(out, b'-', one_line(e).as_bytes()),
+            Reply::Integer(i) => line(out, b':', i.to_string().as_bytes()),
+            Reply::Bulk(b) => {
+                line(out, b'$', b.len().to_string().as_bytes());
+                out.extend_from_slice(b);
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Null => line(out, b'$', b"-1"),
+            Reply::NullArray => line(out, b'*', b"-1"),
+            Reply::Array(items) => {
+                line(out, b'*', items.len().to_string().as_bytes());
+                for item in items {
+                    item.encode_resp2(out);
+                }
+            }
+            Reply::Map(pairs) => {
+                line(out, b'*', (pairs.len() * 2).to_string().as_bytes());
+                for (key, value) in pairs {
+                    key.encode_resp2(out);
+                    value.encode_resp2(out);
+                }
+            }
+            Reply::Encoded(encoded) => out.extend_from_slice(encoded),
         }
     }
 
@@ -60,7 +87,7 @@ impl Reply {
                 attributes: None,
             },
             Reply::Error(e) => Resp3::SimpleError {
-                data: e.as_str().into(),
+                data: one_line(e).as_ref().into(),
                 attributes: None,
             },
             Reply::Integer(i) => Resp3::Number {
@@ -80,17 +107,33 @@ impl Reply {
                 data: pairs.iter().map(|(k, v)| (k.resp3(), v.resp3())).collect(),
                 attributes: None,
             },
+            // `encode` writes a whole encoded reply itself; none is ever nested.
+            Reply::Encoded(_) => Resp3::SimpleError {
+                data: "ERR a forwarded reply cannot be nested".into(),
+                attributes: None,
+            },
         }
     }
 
     /// Appends the encoded reply to `out`.
     pub fn encode(&self, resp3: bool, out: &mut BytesMut) {
-        let result = if resp3 {
+        if let Reply::Encoded(encoded) = self {
+            out.extend_from_slice(encoded);
+        } else if resp3 {
             redis_protocol::resp3::encode::complete::extend_encode(out, &self.resp3(), false)
+                .expect("replies are always encodable");
         } else {
-            redis_protocol::resp2::encode::extend_encode(out, &self.resp2(), false)
-        };
-        result.expect("replies are always encodable");
+            self.encode_resp2(out);
+        }
+    }
+}
+
+/// An error message on one line: it may quote what a client sent (a key name), and a
+/// line break there would end the reply early, as Redis avoids too.
+fn one_line(message: &str) -> std::borrow::Cow<'_, str> {
+    match message.contains(['\r', '\n']) {
+        true => message.replace(['\r', '\n'], " ").into(),
+        false => message.into(),
     }
 }
 
@@ -111,6 +154,13 @@ mod tests {
         assert_eq!(encoded(&Reply::bulk("hi"), false), "$2\r\nhi\r\n");
         assert_eq!(encoded(&Reply::Null, false), "$-1\r\n");
         assert_eq!(encoded(&Reply::Null, true), "_\r\n");
+        assert_eq!(encoded(&Reply::NullArray, false), "*-1\r\n");
+        assert_eq!(encoded(&Reply::NullArray, true), "_\r\n");
+        let nested = Reply::Array(vec![Reply::bulk(""), Reply::NullArray, Reply::Integer(-3)]);
+        assert_eq!(encoded(&nested, false), "*3\r\n$0\r\n\r\n*-1\r\n:-3\r\n");
+        let quoted = Reply::error("NOGROUP No such key 'a\r\n+OK'");
+        assert_eq!(encoded(&quoted, false), "-NOGROUP No such key 'a  +OK'\r\n");
+        assert_eq!(encoded(&quoted, true), "-NOGROUP No such key 'a  +OK'\r\n");
         assert_eq!(encoded(&Reply::error("ERR nope"), false), "-ERR nope\r\n");
         let map = Reply::Map(vec![(Reply::bulk("k"), Reply::Integer(1))]);
         assert_eq!(encoded(&map, false), "*2\r\n$1\r\nk\r\n:1\r\n");

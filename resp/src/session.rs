@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use streamgate_core::names::{BasinName, StreamName};
+use streamgate_core::usage::ConnectionId;
 use streamgate_core::{Caller, Engine, Error, ErrorKind};
 
 use crate::reply::Reply;
@@ -35,6 +36,7 @@ fn error_prefix(kind: ErrorKind) -> &'static str {
         | ErrorKind::Conflict
         | ErrorKind::ConditionFailed
         | ErrorKind::RangeNotSatisfiable
+        | ErrorKind::DecryptionFailed
         | ErrorKind::NotImplemented
         | ErrorKind::Internal => "ERR",
     }
@@ -69,6 +71,24 @@ impl Session {
             name: None,
             client,
         }
+    }
+
+    /// The session of a command another node passed on: its client's `caller`, in
+    /// `basin`, speaking `resp3` or RESP2 (see `crate::forwarded`).
+    pub(crate) fn forwarded(
+        engine: Engine,
+        basin: BasinName,
+        caller: Caller,
+        resp3: bool,
+    ) -> Session {
+        let client = crate::Client {
+            id: 0,
+            address: std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+        };
+        let mut session = Session::new(engine, Arc::default(), None, client);
+        session.authenticated = Some((basin, caller));
+        session.resp3 = resp3;
+        session
     }
 
     pub fn authenticated(&self) -> bool {
@@ -119,7 +139,8 @@ impl Session {
                 Error::Unauthenticated(why) => Reply::error(format!("WRONGPASS {why}")),
                 other => error_reply(&other),
             })?;
-        self.authenticated = Some((basin, caller));
+        let connection = ConnectionId::accepted(self.engine.epoch(), self.client.address);
+        self.authenticated = Some((basin, caller.with_connection(Some(connection))));
         Ok(())
     }
 

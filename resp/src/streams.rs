@@ -14,13 +14,17 @@ use crate::entry::{self, EntryId, IdArg};
 use crate::reply::Reply;
 use crate::session::error_reply;
 
+/// The most entries one read command replies with, in metered bytes: `COUNT` allows
+/// 10,000 entries, and of 1 MiB each they would be 10 GiB held at once.
+const MAX_REPLY_BYTES: u64 = 16 * 1024 * 1024;
+
 pub(crate) struct Streams<'a> {
     pub caller: &'a Caller,
     pub basin: &'a BasinName,
 }
 
 /// An entry as XRANGE and XREAD reply with it: its ID and its field-value pairs.
-fn entry_reply(record: &SequencedRecord) -> Result<Reply, Reply> {
+pub(crate) fn entry_reply(record: &SequencedRecord) -> Result<Reply, Reply> {
     let fields = entry::decode_fields(record).map_err(Reply::Error)?;
     Ok(Reply::Array(vec![
         Reply::Bulk(EntryId::of(record).to_bytes()),
@@ -126,10 +130,31 @@ impl<'a> Streams<'a> {
         count: u64,
         end_seq: u64,
     ) -> Result<Vec<Reply>, Reply> {
-        let mut entries = Vec::new();
-        while (entries.len() as u64) < count && reader.position() < end_seq && !reader.at_tail() {
+        self.read_records(reader, count, end_seq)
+            .await?
+            .iter()
+            .map(entry_reply)
+            .collect()
+    }
+
+    /// The records `read_entries` replies with: at most `count`, and no more than
+    /// `MAX_REPLY_BYTES` of them (at least one), however large a client asks for.
+    pub async fn read_records(
+        &self,
+        reader: &mut StreamReader,
+        count: u64,
+        end_seq: u64,
+    ) -> Result<Vec<SequencedRecord>, Reply> {
+        let mut records = Vec::new();
+        let mut bytes = 0u64;
+        while (records.len() as u64) < count
+            && bytes < MAX_REPLY_BYTES
+            && reader.position() < end_seq
+            && !reader.at_tail()
+        {
             let limits = ReadLimits {
-                count: Some(count - entries.len() as u64),
+                count: Some(count - records.len() as u64),
+                bytes: Some(MAX_REPLY_BYTES - bytes),
                 ..Default::default()
             }
             .for_one_batch();
@@ -141,10 +166,50 @@ impl<'a> Streams<'a> {
             if batch.records.is_empty() {
                 break;
             }
-            for record in batch.records.iter().take_while(|r| r.seq_num < end_seq) {
-                entries.push(entry_reply(record)?);
+            for record in batch
+                .records
+                .into_iter()
+                .take_while(|r| r.seq_num < end_seq)
+            {
+                bytes += record.metered_size();
+                records.push(record);
             }
         }
-        Ok(entries)
+        Ok(records)
+    }
+
+    /// The records at these positions that the stream still holds (ascending positions
+    /// in, by position out), read in as few runs as they allow.
+    pub async fn records_at(
+        &self,
+        name: &StreamName,
+        positions: &[u64],
+    ) -> Result<std::collections::BTreeMap<u64, SequencedRecord>, Reply> {
+        let mut found = std::collections::BTreeMap::new();
+        let mut rest = positions;
+        while let Some(&first) = rest.first() {
+            let Some(mut reader) = self.reader(name, ReadStart::SeqNum(first)).await? else {
+                break;
+            };
+            if reader.position() > first {
+                // Trimmed away: those positions are gone.
+                let gone = rest.partition_point(|p| *p < reader.position());
+                rest = &rest[gone..];
+                continue;
+            }
+            // One run: up to the last wanted position within a batch's reach.
+            let reach = rest.partition_point(|p| *p < first + 1000);
+            let last = rest[reach - 1];
+            for record in self
+                .read_records(&mut reader, last - first + 1, last + 1)
+                .await?
+            {
+                if rest[..reach].binary_search(&record.seq_num).is_ok() {
+                    found.insert(record.seq_num, record);
+                }
+            }
+            rest = &rest[reach..];
+        }
+        Ok(found)
     }
 }

@@ -21,6 +21,7 @@ use crate::config::{BasinConfig, StreamConfig};
 use crate::error::{Error, Result};
 use crate::names::{BasinName, StreamName};
 use crate::segment::{CompactionCommit, SegmentRecord, StreamCheckpoint};
+use crate::storage::usage::{Resolution, StoredBytes, UsagePoint, UsageQuery, UsageRow};
 
 /// The deadline of calls made while serving requests: small reads and writes.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
@@ -63,7 +64,10 @@ async fn metadata_call<T>(
     what: &'static str,
     call: impl Future<Output = Result<T>>,
 ) -> Result<T> {
-    within(deadline, || format!("metadata store, {what}"), call).await
+    let started = std::time::Instant::now();
+    let outcome = within(deadline, || format!("metadata store, {what}"), call).await;
+    crate::telemetry::metadata_call(what, outcome.is_ok(), started.elapsed());
+    outcome
 }
 
 #[async_trait]
@@ -369,6 +373,30 @@ impl MetadataStore for Deadlines {
     async fn delete_access_token(&self, id: &str) -> Result<bool> {
         let call = self.store.delete_access_token(id);
         metadata_call(REQUEST_DEADLINE, "revoking an access token", call).await
+    }
+
+    async fn add_usage(&self, counts: &[UsageRow], gauges: &[UsageRow]) -> Result<()> {
+        let call = self.store.add_usage(counts, gauges);
+        metadata_call(BULK_DEADLINE, "recording usage", call).await
+    }
+
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsagePoint>> {
+        metadata_call(REQUEST_DEADLINE, "reading usage", self.store.usage(query)).await
+    }
+
+    async fn expire_usage(&self, resolution: Resolution, before: u64) -> Result<()> {
+        let call = self.store.expire_usage(resolution, before);
+        metadata_call(BULK_DEADLINE, "dropping old usage", call).await
+    }
+
+    async fn stored_bytes(&self) -> Result<Vec<StoredBytes>> {
+        let call = self.store.stored_bytes();
+        metadata_call(BULK_DEADLINE, "summing stored bytes", call).await
+    }
+
+    async fn basins_with_streams(&self, from_ms: i64, to_ms: i64) -> Result<Vec<String>> {
+        let call = self.store.basins_with_streams(from_ms, to_ms);
+        metadata_call(REQUEST_DEADLINE, "listing active basins", call).await
     }
 }
 

@@ -12,6 +12,7 @@ use crate::config::{BasinConfig, StreamConfig};
 use crate::error::Result;
 use crate::names::{BasinName, StreamName};
 use crate::segment::{CompactionCommit, SegmentRecord, StreamCheckpoint};
+use crate::storage::usage::{Resolution, StoredBytes, UsagePoint, UsageQuery, UsageRow};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct BasinRecord {
@@ -32,6 +33,9 @@ pub struct StreamRecord {
     pub basin: BasinName,
     pub name: StreamName,
     pub config: StreamConfig,
+    /// The cipher its records are encrypted with: its basin's `stream_cipher` when it
+    /// was created, fixed for its lifetime.
+    pub cipher: Option<crate::encryption::Cipher>,
     pub created_at: OffsetDateTime,
     pub deleted_at: Option<OffsetDateTime>,
     pub idempotency_key: Option<String>,
@@ -215,6 +219,21 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn list_access_tokens(&self, range: &ListRange) -> Result<ListPage<AccessTokenInfo>>;
     /// Deletes a token; whether it existed.
     async fn delete_access_token(&self, id: &str) -> Result<bool>;
+
+    // ---- usage (the metrics API) ----
+
+    /// Adds `counts` to their buckets and sets `gauges` (the last reading wins), in one
+    /// transaction.
+    async fn add_usage(&self, counts: &[UsageRow], gauges: &[UsageRow]) -> Result<()>;
+    /// The buckets of one series set, in bucket order.
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsagePoint>>;
+    /// Drops the buckets of `resolution` that start before `before` (seconds).
+    async fn expire_usage(&self, resolution: Resolution, before: u64) -> Result<()>;
+    /// The bytes of each stream's segments (streams with none are left out).
+    async fn stored_bytes(&self) -> Result<Vec<StoredBytes>>;
+    /// The basins that had at least one stream at some time from `from_ms` to `to_ms`
+    /// (among streams not yet reaped), in name order.
+    async fn basins_with_streams(&self, from_ms: i64, to_ms: i64) -> Result<Vec<String>>;
 }
 
 /// The behaviour every `MetadataStore` must show; each backend's tests call this.
@@ -285,6 +304,7 @@ pub(crate) async fn conformance(store: &dyn MetadataStore) {
         basin: one.clone(),
         name: StreamName::new(name).unwrap(),
         config: StreamConfig::default(),
+        cipher: None,
         created_at: now,
         deleted_at: None,
         idempotency_key: None,
@@ -292,6 +312,21 @@ pub(crate) async fn conformance(store: &dyn MetadataStore) {
     let Created::New(a) = store.create_stream(stream("a/1")).await.unwrap() else {
         panic!("expected a new stream")
     };
+    // A stream's cipher is kept as it was created.
+    let Created::New(sealed) = store
+        .create_stream(StreamRecord {
+            cipher: Some(crate::encryption::Cipher::Aes256Gcm),
+            ..stream("sealed")
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("expected a new stream")
+    };
+    let found = store.get_stream(&one, &sealed.name).await.unwrap().unwrap();
+    assert_eq!(found.cipher, Some(crate::encryption::Cipher::Aes256Gcm));
+    assert_eq!(a.cipher, None);
+    store.remove_stream(sealed.id).await.unwrap();
     let Created::New(b) = store.create_stream(stream("a/2")).await.unwrap() else {
         panic!("expected a new stream")
     };
@@ -375,6 +410,7 @@ pub(crate) async fn conformance(store: &dyn MetadataStore) {
         panic!("expected a new stream")
     };
     segments_conformance(store, fresh.id).await;
+    usage_conformance(store, now).await;
 
     let first = store.next_epoch().await.unwrap();
     assert!(store.next_epoch().await.unwrap() > first);
@@ -460,6 +496,7 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
             basin: basin.clone(),
             name: StreamName::new(name).unwrap(),
             config: StreamConfig::default(),
+            cipher: None,
             created_at: now,
             deleted_at: None,
             idempotency_key: None,
@@ -699,6 +736,129 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
 }
 
 /// Segments, checkpoints, watermarks and obsolete objects; `live` is a live stream's id.
+/// Usage buckets: counts add up, gauges keep the last reading, queries read one series
+/// set within a range, old buckets go; basins with streams in a period.
+#[cfg(test)]
+async fn usage_conformance(store: &dyn MetadataStore, now: OffsetDateTime) {
+    let row = |resolution, bucket, basin: &str, metric, series: &str, value| UsageRow {
+        resolution,
+        bucket,
+        basin: basin.into(),
+        stream: String::new(),
+        metric,
+        series: series.into(),
+        value,
+    };
+    let counts = [
+        row(Resolution::Minute, 60, "b", "append-ops", "express", 2),
+        row(Resolution::Minute, 120, "b", "append-ops", "express", 1),
+        row(Resolution::Minute, 60, "b", "append-ops", "standard", 5),
+        row(Resolution::Minute, 60, "other", "append-ops", "express", 7),
+        row(Resolution::Hour, 0, "b", "append-ops", "express", 3),
+    ];
+    store.add_usage(&counts, &[]).await.unwrap();
+    store.add_usage(&counts[..1], &[]).await.unwrap();
+    // Rows of one key in one call (two minutes' counts for one hour) add up.
+    let twice = [
+        row(Resolution::Hour, 3600, "b", "append-ops", "express", 2),
+        row(Resolution::Hour, 3600, "b", "append-ops", "express", 5),
+    ];
+    store.add_usage(&twice, &[]).await.unwrap();
+    let gauge = |value| {
+        [row(
+            Resolution::Minute,
+            60,
+            "b",
+            "storage",
+            "storage",
+            value,
+        )]
+    };
+    store.add_usage(&[], &gauge(100)).await.unwrap();
+    store.add_usage(&[], &gauge(40)).await.unwrap();
+    let query = |metric, from, to| UsageQuery {
+        resolution: Resolution::Minute,
+        basin: "b".into(),
+        stream: String::new(),
+        metric,
+        from,
+        to,
+    };
+    let point = |bucket, series: &str, value| UsagePoint {
+        bucket,
+        series: series.into(),
+        value,
+    };
+    assert_eq!(
+        store.usage(&query("append-ops", 0, 1000)).await.unwrap(),
+        [
+            point(60, "express", 4),
+            point(60, "standard", 5),
+            point(120, "express", 1)
+        ]
+    );
+    assert_eq!(
+        store.usage(&query("append-ops", 61, 1000)).await.unwrap(),
+        [point(120, "express", 1)]
+    );
+    assert_eq!(
+        store.usage(&query("storage", 0, 1000)).await.unwrap(),
+        [point(60, "storage", 40)]
+    );
+    store.expire_usage(Resolution::Minute, 120).await.unwrap();
+    assert_eq!(
+        store.usage(&query("append-ops", 0, 1000)).await.unwrap(),
+        [point(120, "express", 1)]
+    );
+    let hours = UsageQuery {
+        resolution: Resolution::Hour,
+        ..query("append-ops", 0, 3600)
+    };
+    assert_eq!(store.usage(&hours).await.unwrap(), [point(0, "express", 3)]);
+    let later = UsageQuery {
+        resolution: Resolution::Hour,
+        ..query("append-ops", 3600, 7200)
+    };
+    assert_eq!(
+        store.usage(&later).await.unwrap(),
+        [point(3600, "express", 7)]
+    );
+
+    // A basin with a stream created now is active from now on, not before.
+    let name = BasinName::new("usage-basin").unwrap();
+    store
+        .create_basin(BasinRecord {
+            name: name.clone(),
+            location: "local".into(),
+            config: BasinConfig::default(),
+            created_at: now,
+            deleted_at: None,
+            idempotency_key: None,
+        })
+        .await
+        .unwrap();
+    store
+        .create_stream(StreamRecord {
+            id: 0,
+            basin: name,
+            name: StreamName::new("metered").unwrap(),
+            config: StreamConfig::default(),
+            cipher: None,
+            created_at: now,
+            deleted_at: None,
+            idempotency_key: None,
+        })
+        .await
+        .unwrap();
+    let ms = (now.unix_timestamp_nanos() / 1_000_000) as i64;
+    let active = store
+        .basins_with_streams(ms - 1000, ms + 86_400_000)
+        .await
+        .unwrap();
+    assert!(active.contains(&"usage-basin".to_owned()), "{active:?}");
+    assert!(store.basins_with_streams(0, 1000).await.unwrap().is_empty());
+}
+
 #[cfg(test)]
 async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
     use crate::segment::{segment_key, SegmentEntry};
@@ -728,11 +888,32 @@ async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
             },
         ],
     };
+    // Consumer groups are checkpointed with the stream, pending entries included.
+    let mut groups = crate::groups::Groups::default();
+    let entry = crate::groups::EntryId::new(100, 5);
+    groups.apply(&crate::groups::GroupOp::Create {
+        group: "g".into(),
+        last_id: entry,
+        entries_read: Some(6),
+    });
+    groups.apply(&crate::groups::GroupOp::Redeliver {
+        group: "g".into(),
+        consumer: "c".into(),
+        now_ms: 7,
+        ids: vec![entry],
+        delivered_ms: 7,
+        deliveries: Some(2),
+        count_up: false,
+        create: true,
+    });
+    let groups = std::sync::Arc::new(groups);
     let checkpoint = |next_seq: u64| StreamCheckpoint {
         next_seq,
         last_timestamp: u64::MAX - 1, // restored exactly, even beyond i64
         fencing_token: "fen\0ce".into(), // NUL is valid UTF-8, so a valid token
         trim_point: 3,
+        groups: groups.clone(),
+        next_group_op: 4,
     };
     let gone = 999_999; // no such stream: its segment must not be indexed
     let commit = CompactionCommit {
@@ -748,6 +929,9 @@ async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
         ..Default::default()
     };
     store.commit_compaction(&commit, now).await.unwrap();
+    // The storage gauges sum the live stream's three segments of 80 bytes.
+    let stored = store.stored_bytes().await.unwrap();
+    assert_eq!(stored.iter().map(|s| s.bytes).collect::<Vec<_>>(), [240]);
     let checkpoints = store.stream_checkpoints().await.unwrap();
     assert_eq!(checkpoints.len(), 1);
     assert_eq!(checkpoints[&live], checkpoint(30));

@@ -8,6 +8,7 @@ pub mod metadata;
 pub mod objects;
 pub mod s3;
 pub mod sql;
+pub mod usage;
 
 pub use metadata::{BasinRecord, ListPage, MetadataStore, StreamRecord};
 pub use objects::ObjectStore;

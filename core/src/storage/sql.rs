@@ -17,8 +17,10 @@ use crate::error::{Error, Resource, Result};
 use crate::names::{BasinName, StreamName};
 use crate::segment::{CompactionCommit, SegmentRecord, StreamCheckpoint};
 use crate::storage::cluster::{NodeRecord, OrphanedStream, StreamChange, StreamClaim, StreamOwner};
+use crate::storage::usage::{Resolution, StoredBytes, UsagePoint, UsageQuery, UsageRow};
 
 mod cluster;
+mod usage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dialect {
@@ -122,6 +124,33 @@ CREATE INDEX streams_by_change ON streams (changed_at_ms);
     // no stream is placed on it.
     r#"
 ALTER TABLE nodes ADD COLUMN leaving {int} NOT NULL DEFAULT 0;
+"#,
+    // The cipher a stream encrypts its records with, fixed when it is created (NULL:
+    // plaintext).
+    r#"
+ALTER TABLE streams ADD COLUMN cipher TEXT;
+"#,
+    // Usage for the metrics API: counts and gauge readings per bucket (`bucket_secs`
+    // long, starting at `bucket_start`, in seconds); and how many bytes each segment
+    // holds, for the storage gauges (0 for segments written before).
+    r#"
+CREATE TABLE usage (
+    bucket_secs  {int} NOT NULL,
+    metric       {key} NOT NULL,
+    basin        {key} NOT NULL,
+    stream       {key} NOT NULL,
+    series       {key} NOT NULL,
+    bucket_start {int} NOT NULL,
+    value        {int} NOT NULL,
+    PRIMARY KEY (bucket_secs, metric, basin, stream, series, bucket_start)
+);
+ALTER TABLE segments ADD COLUMN stored_bytes {int} NOT NULL DEFAULT 0;
+"#,
+    // Consumer groups belong to their stream: checkpointed with it (JSON; NULL when it
+    // has none), with the number of group ops the checkpoint covers.
+    r#"
+ALTER TABLE stream_checkpoints ADD COLUMN groups {bytes};
+ALTER TABLE stream_checkpoints ADD COLUMN next_group_op {int} NOT NULL DEFAULT 0;
 "#,
 ];
 
@@ -505,13 +534,21 @@ fn stream_from_row(row: &AnyRow) -> Result<StreamRecord> {
         basin: BasinName::new(row.get::<String, _>("basin"))?,
         name: StreamName::new(row.get::<String, _>("name"))?,
         config: parse_json(row.get::<&str, _>("config"))?,
+        cipher: match row.get::<Option<String>, _>("cipher") {
+            None => None,
+            Some(text) => Some(
+                crate::encryption::Cipher::parse(&text)
+                    .ok_or_else(|| Error::storage(format!("unknown stored cipher `{text}`")))?,
+            ),
+        },
         created_at: from_ms(row.get("created_at_ms")),
         deleted_at: row.get::<Option<i64>, _>("deleted_at_ms").map(from_ms),
         idempotency_key: row.get("idempotency_key"),
     })
 }
 
-const CHECKPOINT_COLUMNS: &str = "stream_id, next_seq, last_timestamp, fencing_token, trim_point";
+const CHECKPOINT_COLUMNS: &str =
+    "stream_id, next_seq, last_timestamp, fencing_token, trim_point, groups, next_group_op";
 
 fn checkpoint_from_row(row: &AnyRow) -> Result<(u64, StreamCheckpoint)> {
     let checkpoint = StreamCheckpoint {
@@ -520,13 +557,20 @@ fn checkpoint_from_row(row: &AnyRow) -> Result<(u64, StreamCheckpoint)> {
         fencing_token: String::from_utf8(row.get("fencing_token"))
             .map_err(|_| Error::storage("a stored fencing token is not UTF-8"))?,
         trim_point: row.get::<i64, _>("trim_point") as u64,
+        groups: match row.get::<Option<Vec<u8>>, _>("groups") {
+            None => Default::default(),
+            Some(json) => std::sync::Arc::new(serde_json::from_slice(&json).map_err(|e| {
+                Error::storage_caused("a stream's stored consumer groups are corrupt", e)
+            })?),
+        },
+        next_group_op: row.get::<i64, _>("next_group_op") as u64,
     };
     Ok((row.get::<i64, _>("stream_id") as u64, checkpoint))
 }
 
 const BASIN_COLUMNS: &str = "name, location, config, created_at_ms, deleted_at_ms, idempotency_key";
 const STREAM_COLUMNS: &str =
-    "id, basin, name, config, created_at_ms, deleted_at_ms, idempotency_key";
+    "id, basin, name, config, cipher, created_at_ms, deleted_at_ms, idempotency_key";
 
 #[async_trait]
 impl MetadataStore for SqlMetadataStore {
@@ -661,12 +705,13 @@ impl MetadataStore for SqlMetadataStore {
             return found_existing(tx, existing, &stream.idempotency_key, resource).await;
         }
         let id: i64 = sqlx::query_scalar(
-            "INSERT INTO streams (basin, name, config, created_at_ms, deleted_at_ms, idempotency_key) \
-             VALUES ($1, $2, $3, $4, NULL, $5) RETURNING id",
+            "INSERT INTO streams (basin, name, config, cipher, created_at_ms, deleted_at_ms, idempotency_key) \
+             VALUES ($1, $2, $3, $4, $5, NULL, $6) RETURNING id",
         )
         .bind(stream.basin.as_str())
         .bind(stream.name.as_str())
         .bind(json(&stream.config))
+        .bind(stream.cipher.map(|c| c.as_str()))
         .bind(to_ms(stream.created_at))
         .bind(&stream.idempotency_key)
         .fetch_one(&mut *tx)
@@ -935,11 +980,11 @@ impl MetadataStore for SqlMetadataStore {
                 continue;
             }
             sqlx::query(
-                "INSERT INTO segments (stream_id, start_seq, end_seq, last_timestamp, object_key, written_at_ms, entries) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (stream_id, start_seq) DO UPDATE SET \
+                "INSERT INTO segments (stream_id, start_seq, end_seq, last_timestamp, object_key, written_at_ms, entries, stored_bytes) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream_id, start_seq) DO UPDATE SET \
                  end_seq = excluded.end_seq, last_timestamp = excluded.last_timestamp, \
                  object_key = excluded.object_key, written_at_ms = excluded.written_at_ms, \
-                 entries = excluded.entries",
+                 entries = excluded.entries, stored_bytes = excluded.stored_bytes",
             )
             .bind(segment.stream_id as i64)
             .bind(column(segment.start_seq()))
@@ -948,17 +993,20 @@ impl MetadataStore for SqlMetadataStore {
             .bind(&segment.key)
             .bind(column(segment.written_at_ms))
             .bind(segment.encode_entries())
+            .bind(column(segment.stored_bytes()))
             .execute(&mut *tx)
             .await
             .map_err(db)?;
         }
         for (id, checkpoint) in commit.checkpoints.iter().filter(|(id, _)| live[id]) {
             sqlx::query(
-                "INSERT INTO stream_checkpoints (stream_id, next_seq, last_timestamp, fencing_token, trim_point) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (stream_id) DO UPDATE SET \
+                "INSERT INTO stream_checkpoints (stream_id, next_seq, last_timestamp, fencing_token, trim_point, groups, next_group_op) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (stream_id) DO UPDATE SET \
                  next_seq = excluded.next_seq, last_timestamp = excluded.last_timestamp, \
-                 fencing_token = excluded.fencing_token, trim_point = excluded.trim_point \
-                 WHERE excluded.next_seq >= stream_checkpoints.next_seq",
+                 fencing_token = excluded.fencing_token, trim_point = excluded.trim_point, \
+                 groups = excluded.groups, next_group_op = excluded.next_group_op \
+                 WHERE excluded.next_seq >= stream_checkpoints.next_seq \
+                 AND excluded.next_group_op >= stream_checkpoints.next_group_op",
             )
             .bind(*id as i64)
             // Stored bit for bit (never compared in a query), so restored exactly.
@@ -967,6 +1015,11 @@ impl MetadataStore for SqlMetadataStore {
             // Bytes: a token may hold any UTF-8, NUL included, which TEXT refuses.
             .bind(checkpoint.fencing_token.as_bytes())
             .bind(checkpoint.trim_point as i64)
+            .bind(
+                (!checkpoint.groups.is_empty())
+                    .then(|| serde_json::to_vec(&*checkpoint.groups).expect("groups serialize")),
+            )
+            .bind(checkpoint.next_group_op as i64)
             .execute(&mut *tx)
             .await
             .map_err(db)?;
@@ -1170,6 +1223,26 @@ impl MetadataStore for SqlMetadataStore {
             .await
             .map_err(db)?;
         Ok(result.rows_affected() > 0)
+    }
+
+    async fn add_usage(&self, counts: &[UsageRow], gauges: &[UsageRow]) -> Result<()> {
+        self.usage_add(counts, gauges).await
+    }
+
+    async fn usage(&self, query: &UsageQuery) -> Result<Vec<UsagePoint>> {
+        self.usage_read(query).await
+    }
+
+    async fn expire_usage(&self, resolution: Resolution, before: u64) -> Result<()> {
+        self.usage_expire(resolution, before).await
+    }
+
+    async fn stored_bytes(&self) -> Result<Vec<StoredBytes>> {
+        self.usage_stored_bytes().await
+    }
+
+    async fn basins_with_streams(&self, from_ms: i64, to_ms: i64) -> Result<Vec<String>> {
+        self.usage_basins_with_streams(from_ms, to_ms).await
     }
 }
 

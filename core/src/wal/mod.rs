@@ -7,6 +7,11 @@
 //!         u64 first seq_num | u32 record count | record*
 //! Record: u64 timestamp | u32 header count | (u32 len, name, u32 len, value)* | u32 len, body
 //! Integers are big-endian.
+//!
+//! An entry whose stream id has its top bit set ([`GROUP_OPS`]) holds changes to the
+//! stream's consumer groups instead of records: each "record" body is one op, and the
+//! "sequence numbers" count the stream's group ops, not its positions. Readers never
+//! look at them (no batch location points there).
 
 pub(crate) mod recovery;
 pub(crate) mod writer;
@@ -19,6 +24,19 @@ use crate::record::{Header, SequencedRecord};
 const MAGIC: &[u8; 8] = b"SGWAL\0\0\x01";
 /// Size of an entry's fixed part after its length and CRC.
 const ENTRY_FIXED: usize = 8 + 8 + 4;
+
+/// The stream-id bit of an entry of consumer-group ops (stream ids stay far below it).
+pub(crate) const GROUP_OPS: u64 = 1 << 63;
+
+/// What an entry holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum EntryKind {
+    /// Records of the stream, at their positions.
+    #[default]
+    Records,
+    /// Changes to the stream's consumer groups, numbered by group op.
+    GroupOps,
+}
 
 /// Object-store key of a chunk: sorting keys sorts chunks by epoch, then by number.
 pub fn chunk_key(epoch: u64, number: u64) -> String {
@@ -141,6 +159,7 @@ impl ChunkBuilder {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
     pub stream_id: u64,
+    pub kind: EntryKind,
     pub records: Vec<SequencedRecord>,
     pub span: EntrySpan,
 }
@@ -166,8 +185,13 @@ pub(crate) fn decode_chunk(key: &str, chunk: &Bytes) -> Result<Vec<Entry>> {
             len: (end - offset) as u64,
         };
         let (stream_id, records) = decode_entry(key, chunk.slice(offset..end))?;
+        let kind = match stream_id & GROUP_OPS {
+            0 => EntryKind::Records,
+            _ => EntryKind::GroupOps,
+        };
         entries.push(Entry {
-            stream_id,
+            stream_id: stream_id & !GROUP_OPS,
+            kind,
             records,
             span,
         });
@@ -176,7 +200,8 @@ pub(crate) fn decode_chunk(key: &str, chunk: &Bytes) -> Result<Vec<Entry>> {
     Ok(entries)
 }
 
-/// Decodes one entry given exactly its bytes (as cut by its [`EntrySpan`]).
+/// Decodes one entry given exactly its bytes (as cut by its [`EntrySpan`]); the stream
+/// id as written (with [`GROUP_OPS`] for an entry of group ops).
 pub(crate) fn decode_entry(key: &str, mut entry: Bytes) -> Result<(u64, Vec<SequencedRecord>)> {
     if entry.len() < 8 + ENTRY_FIXED {
         return Err(corrupt(key, "entry too short"));

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::record::SequencedRecord;
 use crate::storage::{MetadataStore, ObjectStore};
 use crate::stream::SequencerState;
-use crate::wal::{chunk_key, decode_chunk, parse_chunk_key};
+use crate::wal::{chunk_key, decode_chunk, parse_chunk_key, EntryKind};
 
 /// A crash can lose or tear only the chunks that were being written: at most this many
 /// (the largest `--flush-in-flight` accepted) end an epoch. A missing or unreadable
@@ -16,11 +16,11 @@ use crate::wal::{chunk_key, decode_chunk, parse_chunk_key};
 pub const MAX_TORN_TAIL: usize = 64;
 
 /// One stream being rebuilt: its state at its checkpoint, then after each batch the
-/// logs hold past it.
+/// logs hold past it (records, and consumer-group ops), in log order.
 #[derive(Debug, Default)]
 pub(crate) struct StreamReplay {
     pub state: SequencerState,
-    pub batches: Vec<Vec<SequencedRecord>>,
+    pub batches: Vec<(EntryKind, Vec<SequencedRecord>)>,
 }
 
 /// The epochs (in order) whose logs hold records of streams written before clusters:
@@ -125,20 +125,27 @@ async fn replay_epoch(
             let Some(replay) = replays.get_mut(&entry.stream_id) else {
                 continue; // another stream, or a deleted one
             };
-            let first_seq = entry.records[0].seq_num;
-            let end_seq = first_seq + entry.records.len() as u64;
-            if end_seq <= replay.state.next_seq {
-                continue; // already in segments
+            let first = entry.records[0].seq_num;
+            let end = first + entry.records.len() as u64;
+            let (next, what) = match entry.kind {
+                EntryKind::Records => (replay.state.next_seq, "records"),
+                EntryKind::GroupOps => (replay.state.next_group_op, "consumer group ops"),
+            };
+            if end <= next {
+                continue; // already in the checkpoint
             }
-            if first_seq != replay.state.next_seq {
+            if first != next {
                 return Err(Error::storage(format!(
-                    "WAL chunk `{key}` continues stream {} at {first_seq}, but its records \
-                     end at {}; refusing to serve from an inconsistent log",
-                    entry.stream_id, replay.state.next_seq
+                    "WAL chunk `{key}` continues the {what} of stream {} at {first}, but \
+                     they end at {next}; refusing to serve from an inconsistent log",
+                    entry.stream_id
                 )));
             }
-            replay.state.replay(&entry.records);
-            replay.batches.push(entry.records);
+            match entry.kind {
+                EntryKind::Records => replay.state.replay(&entry.records),
+                EntryKind::GroupOps => replay.state.replay_group_ops(&entry.records)?,
+            }
+            replay.batches.push((entry.kind, entry.records));
         }
         replayed += 1;
     }

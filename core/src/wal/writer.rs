@@ -30,7 +30,7 @@ use crate::membership::LeaseState;
 use crate::record::AppendAck;
 use crate::storage::ObjectStore;
 use crate::stream::SequencedBatch;
-use crate::wal::{chunk_key, ChunkBuilder, EntrySpan};
+use crate::wal::{chunk_key, ChunkBuilder, EntryKind, EntrySpan};
 
 /// How many chunk files the writer keeps prepared ahead of the next chunk, and the level
 /// at which it prepares more: one request (one directory fsync) about every 16 chunks.
@@ -47,6 +47,14 @@ pub struct FlushSettings {
     pub max_chunk_bytes: usize,
     /// Chunks being written at once.
     pub max_in_flight: usize,
+    /// While a chunk is being written, another starts only once it holds this many
+    /// bytes; smaller ones wait for the write in flight and then go out as one. On a
+    /// local disk, concurrent small writes each wait for their own flush and slow one
+    /// another, while one write carrying all of them costs a single flush: with 8 or
+    /// 50 connections each sending one small append at a time, this gave 1.5-1.7× the
+    /// appends per second of four small chunks in flight. Zero: any chunk may go
+    /// alongside others (S3, where a request's latency, not the device, is the limit).
+    pub parallel_min_bytes: usize,
 }
 
 impl Default for FlushSettings {
@@ -55,6 +63,7 @@ impl Default for FlushSettings {
             linger: Duration::ZERO,
             max_chunk_bytes: 8 * 1024 * 1024,
             max_in_flight: 4,
+            parallel_min_bytes: 256 * 1024,
         }
     }
 }
@@ -193,10 +202,38 @@ impl WalWriter {
         loop {
             let linger_over = first_pending_at + self.settings.linger <= Instant::now();
             let can_flush = in_flight.len() < self.settings.max_in_flight;
+            // While a chunk is being written, small appends (below `parallel_min_bytes`)
+            // and consumer-group ops (tiny, one per command, on any store) wait to share
+            // the next one, so that many connections' single commands cost one write
+            // between them rather than one each (a write each would bound their rate by
+            // the disk's flushes).
+            let only_group_ops = pending
+                .iter()
+                .all(|append| append.batch.kind == EntryKind::GroupOps);
+            let keep_company = !in_flight.is_empty()
+                && open
+                && (only_group_ops || pending_bytes < self.settings.parallel_min_bytes);
             if !pending.is_empty()
                 && can_flush
+                && !keep_company
                 && (linger_over || pending_bytes >= self.settings.max_chunk_bytes || !open)
             {
+                if only_group_ops && open {
+                    // A pipeline's group ops are sequenced one after another by its
+                    // connection, likely on the other core right now: let it go on for
+                    // a moment, so that they start one chunk together.
+                    tokio::task::yield_now().await;
+                    while pending_bytes < self.settings.max_chunk_bytes {
+                        let Ok(append) = rx.try_recv() else { break };
+                        pending_bytes += append
+                            .batch
+                            .records
+                            .iter()
+                            .map(|r| r.body.len() + 16)
+                            .sum::<usize>();
+                        pending.push(append);
+                    }
+                }
                 let appends = std::mem::take(&mut pending);
                 pending_bytes = 0;
                 in_flight.push_back(self.start_flush(appends));
@@ -244,7 +281,7 @@ impl WalWriter {
             .iter()
             .map(|a| {
                 (
-                    a.batch.stream.id,
+                    a.batch.entry_stream_id(),
                     a.batch.first_seq,
                     a.batch.records.clone(),
                 )
@@ -401,6 +438,7 @@ async fn write_until_durable(
     let mut failing: Option<FailingChunk> = None;
     let mut backoff = FIRST_RETRY_BACKOFF;
     let mut attempts = 0u32;
+    let started = std::time::Instant::now();
     loop {
         attempts += 1;
         let error = match store.put(key, chunk.clone()).await {
@@ -421,6 +459,7 @@ async fn write_until_durable(
         tokio::time::sleep(backoff.mul_f64(jitter)).await;
         backoff = (backoff * 2).min(MAX_RETRY_BACKOFF);
     }
+    crate::telemetry::wal_flush(chunk.len(), started.elapsed());
     if let Some(failing) = failing {
         drop(failing);
         if health.borrow().failing_chunks == 0 {

@@ -18,6 +18,10 @@ struct CreateBasinRequest {
     basin: String,
     #[serde(default)]
     config: Option<BasinConfig>,
+    /// Where the basin lives: the v1 spec's `scope`, or `location` as newer clients
+    /// name it. Either must be the one location this server offers.
+    #[serde(default)]
+    scope: Option<String>,
     #[serde(default)]
     location: Option<String>,
 }
@@ -27,19 +31,31 @@ struct EnsureBasinRequest {
     #[serde(default)]
     config: Option<BasinConfig>,
     #[serde(default)]
+    scope: Option<String>,
+    #[serde(default)]
     location: Option<String>,
 }
 
-fn check_location(caller: &Caller, location: &Option<String>) -> ApiResult<()> {
-    match location {
-        Some(location) if *location != caller.settings().location => {
-            Err(ApiError::invalid(format!(
-                "unknown location `{location}`; this server offers `{}`",
-                caller.settings().location
-            )))
+/// A requested `scope` or `location` must name this server's location (`--location`,
+/// what `GET /v1/locations` reports).
+fn check_location(
+    caller: &Caller,
+    scope: &Option<String>,
+    location: &Option<String>,
+) -> ApiResult<()> {
+    let offered = &caller.settings().location;
+    for (field, requested) in [("scope", scope), ("location", location)] {
+        match requested {
+            Some(requested) if requested != offered => {
+                return Err(ApiError::invalid(format!(
+                    "unknown {field} `{requested}`: this server's one location is `{offered}` \
+                     (GET /v1/locations; its operator sets it with --location)"
+                )))
+            }
+            _ => {}
         }
-        _ => Ok(()),
     }
+    Ok(())
 }
 
 pub async fn create(
@@ -51,7 +67,7 @@ pub async fn create(
         .ok_or_else(|| ApiError::bad_json("a request body is required"))?;
     let token = request_token(&headers)?;
     let name = BasinName::new(request.basin).map_err(ApiError::bad_json)?;
-    check_location(&caller, &request.location)?;
+    check_location(&caller, &request.scope, &request.location)?;
     let basin = caller
         .create_basin(name, request.config.unwrap_or_default(), token.as_deref())
         .await?;
@@ -65,7 +81,7 @@ pub async fn ensure(
     UnaryBody(body): UnaryBody,
 ) -> ApiResult<Response> {
     let request: EnsureBasinRequest = json_body(&headers, &body)?.unwrap_or_default();
-    check_location(&caller, &request.location)?;
+    check_location(&caller, &request.scope, &request.location)?;
     let (basin, result) = caller
         .ensure_basin(name, request.config.unwrap_or_default())
         .await?;

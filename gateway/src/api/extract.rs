@@ -8,6 +8,7 @@ use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 use streamgate_core::config::StreamConfig;
+use streamgate_core::encryption::EncryptionKey;
 use streamgate_core::names::{BasinName, StreamName};
 use streamgate_core::record;
 use streamgate_core::{Caller, Engine};
@@ -89,6 +90,24 @@ pub fn request_token(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(token.to_owned()))
 }
 
+/// The header that carries the key of an encrypted stream.
+pub const ENCRYPTION_KEY_HEADER: &str = "s2-encryption-key";
+
+/// The `s2-encryption-key` header of an append or read: 1 to 44 characters of text
+/// (`bad_header` otherwise, whatever the stream); whether it is a key for the stream's
+/// cipher is checked only if the stream is encrypted (S2 ignores it for the others).
+pub fn encryption_key(headers: &HeaderMap) -> Result<Option<EncryptionKey>, ApiError> {
+    let Some(value) = headers.get(ENCRYPTION_KEY_HEADER) else {
+        return Ok(None);
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::bad_header("`s2-encryption-key` is not valid text"))?;
+    EncryptionKey::from_text(text)
+        .map(Some)
+        .map_err(|e| ApiError::bad_header(format!("`s2-encryption-key`: {e}")))
+}
+
 /// The `s2-stream-config` header: the config of a stream created by this request.
 pub fn stream_config_header(headers: &HeaderMap) -> Result<Option<StreamConfig>, ApiError> {
     let Some(value) = headers.get("s2-stream-config") else {
@@ -129,13 +148,6 @@ pub fn json_body<T: DeserializeOwned>(
     // nothing and counts what a decoder would allocate for.
     let shape = serde_json::from_slice::<BodyShape>(body)
         .map_err(|e| ApiError::bad_json(format!("invalid JSON: {e}")))?;
-    if shape.asks_for_encryption {
-        // Encryption is not offered yet: refuse a request for it rather than silently
-        // store plaintext.
-        return Err(ApiError::not_implemented(
-            "stream encryption (`stream_cipher`)",
-        ));
-    }
     if let Some(records) = shape.records {
         record::check_record_count(records)?;
         record::check_header_count(shape.headers)?;
@@ -148,12 +160,10 @@ pub fn json_body<T: DeserializeOwned>(
         .map_err(|e| ApiError::bad_json(format!("invalid request body: {e}")))
 }
 
-/// What a JSON body holds, found without keeping any of it: whether it sets
-/// `stream_cipher` (at its top level or in its `config`), and how many `records` (and
+/// What a JSON body holds, found without keeping any of it: how many `records` (and
 /// headers in them) an append holds.
 #[derive(Default)]
 struct BodyShape {
-    asks_for_encryption: bool,
     records: Option<usize>,
     headers: usize,
 }
@@ -168,7 +178,6 @@ impl<'de> serde::Deserialize<'de> for BodyShape {
 #[derive(Clone, Copy)]
 enum ShapeOf {
     Body,
-    Config,
     Records,
     Record,
     Headers,
@@ -196,13 +205,6 @@ impl<'de> serde::de::Visitor<'de> for ShapeOf {
         let mut shape = BodyShape::default();
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             match (self, key.as_ref()) {
-                (ShapeOf::Body | ShapeOf::Config, "stream_cipher") => {
-                    shape.asks_for_encryption |= map.next_value::<Option<IgnoredAny>>()?.is_some();
-                }
-                (ShapeOf::Body, "config") => {
-                    let config = map.next_value_seed(ShapeOf::Config)?;
-                    shape.asks_for_encryption |= config.asks_for_encryption;
-                }
                 (ShapeOf::Body, "records") => {
                     let records = map.next_value_seed(ShapeOf::Records)?;
                     shape.records = records.records;

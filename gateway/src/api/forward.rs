@@ -127,6 +127,11 @@ impl Forwarder {
         parts
             .headers
             .insert(FORWARDED_BY, self.client.epoch.clone());
+        let connection = parts
+            .extensions
+            .get::<streamgate_core::Caller>()
+            .and_then(|caller| caller.connection());
+        streamgate_http::pass_on_connection(&mut parts.headers, connection);
         let mut outgoing = axum::http::Request::new(body);
         *outgoing.method_mut() = parts.method;
         *outgoing.uri_mut() = uri;

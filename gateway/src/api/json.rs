@@ -139,6 +139,10 @@ fn rfc3339(t: OffsetDateTime) -> String {
     t.format(&Rfc3339).unwrap_or_default()
 }
 
+/// The values the v1 spec allows for a basin's `scope`: a location by another name is
+/// reported only as `location`, so clients that know only these values still parse it.
+const BASIN_SCOPES: [&str; 3] = ["aws:us-east-1", "aws:us-west-2", "aws:eu-north-1"];
+
 #[derive(Serialize)]
 pub struct BasinInfo {
     name: String,
@@ -153,7 +157,9 @@ impl From<&BasinRecord> for BasinInfo {
     fn from(b: &BasinRecord) -> Self {
         Self {
             name: b.name.to_string(),
-            scope: None,
+            scope: BASIN_SCOPES
+                .contains(&b.location.as_str())
+                .then(|| b.location.clone()),
             location: b.location.clone(),
             created_at: rfc3339(b.created_at),
             deleted_at: b.deleted_at.map(rfc3339),
@@ -180,7 +186,7 @@ impl From<&StreamRecord> for StreamInfo {
             name: s.name.to_string(),
             created_at: rfc3339(s.created_at),
             deleted_at: s.deleted_at.map(rfc3339),
-            cipher: None,
+            cipher: s.cipher.map(|c| c.as_str().to_owned()),
         }
     }
 }

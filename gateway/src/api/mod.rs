@@ -5,6 +5,7 @@ pub(crate) mod error;
 pub(crate) mod extract;
 pub mod forward;
 pub(crate) mod json;
+mod metrics;
 pub mod peers;
 pub(crate) mod proto;
 pub(crate) mod records;
@@ -26,7 +27,9 @@ use tower_http::decompression::RequestDecompressionLayer;
 
 use error::{ApiError, ApiResult};
 
-pub fn router(engine: Engine, drain: sessions::Drain) -> Router {
+/// The whole HTTP surface: the REST API, OTLP, the operator endpoints, and `pages`
+/// (the dashboard), behind one set of layers.
+pub fn router(engine: Engine, drain: sessions::Drain, pages: Router) -> Router {
     // One client for the other nodes: whole requests forwarded, and the calls RESP and
     // OTLP make at the nodes that sequence other streams.
     let peers = forward::PeerClient::new(&engine);
@@ -70,8 +73,13 @@ pub fn router(engine: Engine, drain: sessions::Drain) -> Router {
         )
         .route("/access-tokens", get(tokens::list).post(tokens::issue))
         .route("/access-tokens/{id}", axum::routing::delete(tokens::revoke))
-        .route("/metrics", get(not_implemented_metrics))
-        .route("/metrics/{*rest}", get(not_implemented_metrics))
+        .route("/metrics", get(metrics::account))
+        .route("/metrics/{basin}", get(metrics::basin))
+        .route("/metrics/{basin}/{stream}", get(metrics::stream))
+        .route(
+            "/streams/{stream}/resp",
+            axum::routing::post(peers::serve_resp_command),
+        )
         .merge(records)
         .fallback(unknown_endpoint)
         .with_state(engine.clone());
@@ -86,6 +94,7 @@ pub fn router(engine: Engine, drain: sessions::Drain) -> Router {
         )
         .nest("/v1", v1)
         .nest("/otlp", streamgate_otlp::router(engine.clone()))
+        .merge(pages)
         .fallback(unknown_endpoint)
         .route(
             "/cluster",
@@ -94,6 +103,9 @@ pub fn router(engine: Engine, drain: sessions::Drain) -> Router {
                 move || cluster_view(engine.clone())
             }),
         )
+        .layer(axum::middleware::from_fn(
+            crate::operator_metrics::track_requests,
+        ))
         .layer(axum::Extension(drain))
         .layer(axum::Extension(forward::Forwarder::new(peers.clone())))
         .layer(CompressionLayer::new().compress_when(compress_when))
@@ -164,10 +176,6 @@ async fn cluster_view(engine: Engine) -> Response {
 
 async fn unknown_endpoint() -> ApiError {
     ApiError::bad_path("no such endpoint; the S2 REST API lives under /v1")
-}
-
-async fn not_implemented_metrics() -> ApiError {
-    ApiError::not_implemented("the metrics API")
 }
 
 fn location_info(settings: &streamgate_core::EngineSettings) -> serde_json::Value {

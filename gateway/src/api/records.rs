@@ -13,7 +13,9 @@ use serde::Deserialize;
 use streamgate_core::read::{ReadLimits, ReadRequest, ReadStart};
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{stream_config_header, ApiQuery, Authenticated, Basin, StreamPath};
+use super::extract::{
+    encryption_key, stream_config_header, ApiQuery, Authenticated, Basin, StreamPath,
+};
 use super::json::{self, AppendInputJson, Format};
 use super::proto;
 use super::sessions::read::{ResumeFrom, S2sEncoder, SessionBounds, SseEncoder};
@@ -65,6 +67,7 @@ pub async fn append(
     body: Body,
 ) -> ApiResult<Response> {
     let create_config = stream_config_header(&headers)?;
+    let caller = caller.with_encryption_key(encryption_key(&headers)?);
     if first_media_type_is(&headers, header::CONTENT_TYPE, "s2s/proto") {
         // A missing stream (or basin) is a plain 404 before the session starts.
         caller
@@ -157,6 +160,7 @@ pub async fn read(
 ) -> ApiResult<Response> {
     let format = Format::from_headers(&headers)?;
     let create_config = stream_config_header(&headers)?;
+    let caller = caller.with_encryption_key(encryption_key(&headers)?);
     let s2s = first_media_type_is(&headers, header::ACCEPT, "s2s/proto")
         || first_media_type_is(&headers, header::CONTENT_TYPE, "s2s/proto");
     let sse = first_media_type_is(&headers, header::ACCEPT, "text/event-stream");

@@ -43,6 +43,7 @@ impl AppendSession {
     }
 
     async fn run(mut self, body: Body, out: mpsc::Sender<Bytes>) {
+        let _open = streamgate_core::telemetry::OpenGuard::new("s2s-append");
         let mut inputs = body.into_data_stream();
         let mut decoder = FrameDecoder::default();
         let mut in_flight = FuturesOrdered::new();

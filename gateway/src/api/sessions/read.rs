@@ -64,6 +64,8 @@ impl SessionBounds {
 /// How session events become bytes on the wire.
 pub trait SessionEncoder: Send + 'static {
     const CONTENT_TYPE: &'static str;
+    /// How operator metrics count open sessions of this kind.
+    const KIND: &'static str;
     fn batch(&mut self, batch: ReadBatch) -> Bytes;
     fn heartbeat(&mut self, tail: StreamPosition) -> Bytes;
     /// The last message of a session that ended normally, if the protocol has one.
@@ -77,6 +79,7 @@ pub struct S2sEncoder {
 
 impl SessionEncoder for S2sEncoder {
     const CONTENT_TYPE: &'static str = "s2s/proto";
+    const KIND: &'static str = "s2s-read";
 
     fn batch(&mut self, batch: ReadBatch) -> Bytes {
         encode_message(&proto::ReadBatch::from(batch), self.compression, 0)
@@ -110,6 +113,7 @@ pub struct SseEncoder {
 
 impl SessionEncoder for SseEncoder {
     const CONTENT_TYPE: &'static str = "text/event-stream";
+    const KIND: &'static str = "sse";
 
     fn batch(&mut self, batch: ReadBatch) -> Bytes {
         let Some(last) = batch.records.last().map(|r| r.seq_num) else {
@@ -197,6 +201,7 @@ async fn run<E: SessionEncoder>(
     mut drain: Drain,
     out: mpsc::Sender<Bytes>,
 ) {
+    let _open = streamgate_core::telemetry::OpenGuard::new(E::KIND);
     let mut remaining_count = bounds.count;
     let mut remaining_bytes = bounds.bytes;
     let mut announced_following = false;
