@@ -378,6 +378,27 @@ pub async fn create_streams(endpoint: &str, basin: &str, streams: &[&str]) {
     }
 }
 
+/// Exports one OTLP/HTTP (JSON) logs request to `endpoint` as root: one resource group
+/// per `(stream, line)`, routed by its `s2.stream` attribute.
+pub async fn export_logs(endpoint: &str, basin: &str, lines: &[(&str, &str)]) -> reqwest::Response {
+    let groups: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|(stream, line)| {
+            serde_json::json!({
+                "resource": {"attributes": [{"key": "s2.stream", "value": {"stringValue": stream}}]},
+                "scopeLogs": [{"logRecords": [{"body": {"stringValue": line}}]}]
+            })
+        })
+        .collect();
+    client()
+        .post(format!("{endpoint}/otlp/v1/logs"))
+        .header("s2-basin", basin)
+        .json(&serde_json::json!({ "resourceLogs": groups }))
+        .send()
+        .await
+        .expect("the server answers")
+}
+
 /// A name as one URL path segment (percent-encoding `/` and anything not unreserved).
 pub fn path_segment(name: &str) -> String {
     name.bytes()

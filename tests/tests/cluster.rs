@@ -42,6 +42,30 @@ fn bulk_strings(reply: &Reply) -> Vec<String> {
     }
 }
 
+/// Sends `blocking` (an XREAD or XREADGROUP with BLOCK) on `blocker`, then XADDs `body`
+/// to `stream` through `adder`, and checks that the blocked read wakes up with it.
+async fn woken_by_xadd(
+    blocker: &mut Connection,
+    blocking: &[&str],
+    adder: &mut Connection,
+    stream: &str,
+    body: &str,
+) {
+    blocker.send(blocking).await.unwrap();
+    // Time for the read to block before the entry comes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    adder.call(&["XADD", stream, "*", "b", body]).await.unwrap();
+    let woken = tokio::time::timeout(Duration::from_secs(20), blocker.reply())
+        .await
+        .unwrap_or_else(|_| panic!("{} through another node wakes up", blocking[0]))
+        .unwrap();
+    assert!(
+        bulk_strings(&woken).iter().any(|b| b == body),
+        "{}: {woken:?}",
+        blocking[0]
+    );
+}
+
 fn stream_names(count: usize) -> Vec<String> {
     (0..count).map(|s| format!("s{s}")).collect()
 }
@@ -183,37 +207,98 @@ async fn every_node_serves_every_operation_and_reads_its_peers_writes() {
         let mut blocker = Connection::open(cluster.nodes[(s + 2) % NODES].resp_port, Some(BASIN))
             .await
             .unwrap();
-        blocker
-            .send(&["XREAD", "BLOCK", "20000", "STREAMS", stream, "$"])
+        woken_by_xadd(
+            &mut blocker,
+            &["XREAD", "BLOCK", "20000", "STREAMS", stream, "$"],
+            &mut adder,
+            stream,
+            "wakes the reader",
+        )
+        .await;
+
+        // Consumer groups through every node: a group lives with its stream, at the
+        // node that sequences it, and group commands reaching another node run there.
+        let created = adder
+            .call(&["XGROUP", "CREATE", stream, "workers", &id])
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        adder
-            .call(&["XADD", stream, "*", "b", "wakes the reader"])
+        assert_eq!(created, Reply::Simple("OK".into()), "XGROUP CREATE");
+        let taken = ranger
+            .call(&[
+                "XREADGROUP",
+                "GROUP",
+                "workers",
+                "w1",
+                "COUNT",
+                "1",
+                "STREAMS",
+                stream,
+                ">",
+            ])
             .await
-            .unwrap();
-        let woken = tokio::time::timeout(Duration::from_secs(20), blocker.reply())
-            .await
-            .expect("XREAD BLOCK through a third node wakes up")
             .unwrap();
         assert!(
-            bulk_strings(&woken).iter().any(|b| b == "wakes the reader"),
-            "XREAD BLOCK: {woken:?}"
+            bulk_strings(&taken).iter().any(|b| b == "wakes the reader"),
+            "XREADGROUP through another node: {taken:?}"
         );
+        let taken_id = bulk_strings(&taken)[1].clone();
+        let pending = blocker
+            .call(&["XPENDING", stream, "workers"])
+            .await
+            .unwrap();
+        let Reply::Array(Some(summary)) = &pending else {
+            panic!("XPENDING: {pending:?}")
+        };
+        assert_eq!(
+            summary[0],
+            Reply::Integer(1),
+            "XPENDING through a third node"
+        );
+        let acked = blocker
+            .call(&["XACK", stream, "workers", &taken_id])
+            .await
+            .unwrap();
+        assert_eq!(acked, Reply::Integer(1), "XACK");
+        let again = adder
+            .call(&["XACK", stream, "workers", &taken_id])
+            .await
+            .unwrap();
+        assert_eq!(
+            again,
+            Reply::Integer(0),
+            "acknowledged once, whichever node is asked"
+        );
+        // A blocked XREADGROUP passed on to the owner wakes there.
+        woken_by_xadd(
+            &mut blocker,
+            &[
+                "XREADGROUP",
+                "GROUP",
+                "workers",
+                "w2",
+                "BLOCK",
+                "20000",
+                "STREAMS",
+                stream,
+                ">",
+            ],
+            &mut adder,
+            stream,
+            "for the group",
+        )
+        .await;
     }
 
     // One OTLP export through one node that touches every stream.
-    let export = json!({ "resourceLogs": names.iter().map(|stream| json!({
-        "resource": {"attributes": [{"key": "s2.stream", "value": {"stringValue": stream}}]},
-        "scopeLogs": [{"logRecords": [{"body": {"stringValue": format!("otlp to {stream}")}}]}]
-    })).collect::<Vec<_>>() });
-    let response = client()
-        .post(format!("{}/otlp/v1/logs", cluster.endpoint(1)))
-        .header("s2-basin", BASIN)
-        .json(&export)
-        .send()
-        .await
-        .unwrap();
+    let lines: Vec<(String, String)> = names
+        .iter()
+        .map(|stream| (stream.clone(), format!("otlp to {stream}")))
+        .collect();
+    let lines: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|(s, l)| (s.as_str(), l.as_str()))
+        .collect();
+    let response = streamgate_tests::export_logs(&cluster.endpoint(1), BASIN, &lines).await;
     assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
     for (s, stream) in names.iter().enumerate() {
         let read = bodies_of(&cluster.endpoint(s + 2), stream).await;
@@ -239,6 +324,122 @@ async fn every_node_serves_every_operation_and_reads_its_peers_writes() {
         served.iter().filter(|n| **n > 0).count() >= 2,
         "streams spread over the nodes: {served:?}"
     );
+}
+
+/// Encrypted streams and usage across nodes: appends with the key through one node,
+/// reads through another (the key travels with the forwarded request), a wrong key
+/// refused on a third; and the usage every node counts is the same whichever node the
+/// metrics API is asked on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn encrypted_streams_and_usage_work_through_every_node() {
+    const SECURE: &str = "cluster-secure";
+    let cluster = Cluster::start(NODES, &["--lease-secs", LEASE_SECS]);
+    for node in 0..NODES {
+        cluster.wait_for_live_nodes(node, NODES).await;
+    }
+    let http = client();
+    let created = http
+        .post(format!("{}/v1/basins", cluster.endpoint(0)))
+        .json(&json!({"basin": SECURE, "config": {"stream_cipher": "aegis-256"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let names = stream_names(NODES);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    streamgate_tests::create_streams(&cluster.endpoint(1), SECURE, &refs).await;
+    let key = "QkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkI="; // 32 bytes of 'B'
+    let wrong = "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE="; // 32 bytes of 'A'
+    let records = |node: usize, stream: &str| {
+        http.request(
+            reqwest::Method::GET,
+            format!(
+                "{}/v1/streams/{stream}/records?seq_num=0",
+                cluster.endpoint(node)
+            ),
+        )
+        .header("s2-basin", SECURE)
+        .header("s2-format", "raw")
+    };
+    let mut appended = 0u64;
+    for (s, stream) in names.iter().enumerate() {
+        let body = format!("sealed through node {s}");
+        let response = http
+            .post(format!(
+                "{}/v1/streams/{stream}/records",
+                cluster.endpoint(s)
+            ))
+            .header("s2-basin", SECURE)
+            .header("s2-format", "raw")
+            .header("s2-encryption-key", key)
+            .json(&json!({"records": [{"body": body}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+        appended += 8 + body.len() as u64;
+        let read: Value = records(s + 1, stream)
+            .header("s2-encryption-key", key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            read["records"][0]["body"], body,
+            "read through another node"
+        );
+        let refused = records(s + 2, stream)
+            .header("s2-encryption-key", wrong)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 400);
+        let missing = records(s + 2, stream).send().await.unwrap();
+        assert_eq!(missing.status(), 422);
+    }
+
+    // Every node counted its share; each answers with the sum.
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 300;
+    let appended_bytes = |node: usize| {
+        let url = format!(
+            "{}/v1/metrics/{SECURE}?set=append-throughput&start={start}&end={}",
+            cluster.endpoint(node),
+            start + 300
+        );
+        let http = http.clone();
+        async move {
+            let answer: Value = http.get(url).send().await.unwrap().json().await.unwrap();
+            answer["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|m| {
+                    m["accumulation"]["values"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .map(|p| p[1].as_f64().unwrap() as u64)
+                .sum::<u64>()
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while appended_bytes(0).await < appended {
+        assert!(
+            Instant::now() < deadline,
+            "usage never reached {appended} bytes"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for node in 0..NODES {
+        assert_eq!(appended_bytes(node).await, appended, "node {node}");
+    }
 }
 
 /// Appends that were not acknowledged: through which node, when, and what came back.

@@ -390,10 +390,19 @@ async fn bad_requests_get_the_documented_errors() {
             Method::POST,
             "/basins",
             None,
-            Some(json!({"basin": "cipher-basin", "config": {"stream_cipher": "aegis-256"}})),
+            Some(json!({"basin": "scoped-basin", "scope": "aws:us-west-2"})),
             vec![],
-            StatusCode::NOT_IMPLEMENTED,
-            "not_implemented",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+        ),
+        (
+            Method::POST,
+            "/basins",
+            None,
+            Some(json!({"basin": "cipher-basin", "config": {"stream_cipher": "rot13"}})),
+            vec![],
+            StatusCode::BAD_REQUEST,
+            "bad_json",
         ),
         (
             Method::POST,
@@ -442,12 +451,12 @@ async fn bad_requests_get_the_documented_errors() {
         ),
         (
             Method::GET,
-            "/metrics",
+            "/metrics?start=0&end=60",
             None,
             None,
             vec![],
-            StatusCode::NOT_IMPLEMENTED,
-            "not_implemented",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
         ),
     ];
     for (method, path, basin, body, headers, status, code) in cases {
@@ -917,4 +926,202 @@ async fn an_objects_directory_holding_the_data_directory_is_refused() {
         stderr.contains("give --objects a directory of its own"),
         "{stderr}"
     );
+}
+
+/// The CORS answers a browser needs: preflights allowing the S2 headers (before any
+/// token is checked), the origin echoed on every response including SSE, an allow-list
+/// that leaves other origins out, and nothing at all with `--no-cors`.
+#[tokio::test]
+async fn browsers_get_cors_answers_for_the_s2_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let api = Api::new(&server);
+    with_stream(&api, "cors").await;
+    let origin = "http://app.example.com:5173";
+    let s2_headers =
+        "authorization,content-type,s2-basin,s2-format,s2-encryption-key,s2-request-token";
+    let bare = reqwest::Client::new();
+    let preflight = |endpoint: &str, origin: &str| {
+        bare.request(
+            Method::OPTIONS,
+            format!("{endpoint}/v1/streams/cors/records"),
+        )
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", s2_headers)
+    };
+    let response = preflight(&server.endpoint, origin).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let header = |response: &reqwest::Response, name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        header(&response, "access-control-allow-origin").as_deref(),
+        Some(origin)
+    );
+    assert_eq!(
+        header(&response, "access-control-allow-credentials").as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        header(&response, "access-control-allow-methods").as_deref(),
+        Some("POST")
+    );
+    assert_eq!(
+        header(&response, "access-control-allow-headers").as_deref(),
+        Some(s2_headers)
+    );
+
+    // An SSE read from that origin carries the header too.
+    let sse = api
+        .client
+        .get(format!(
+            "{}/v1/streams/cors/records?seq_num=0&count=1&wait=1",
+            server.endpoint
+        ))
+        .header("s2-basin", BASIN)
+        .header("accept", "text/event-stream")
+        .header("origin", origin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), StatusCode::OK);
+    assert_eq!(
+        header(&sse, "access-control-allow-origin").as_deref(),
+        Some(origin)
+    );
+    assert!(header(&sse, "content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
+
+    // An allow-list: listed origins only.
+    let listed_dir = tempfile::tempdir().unwrap();
+    let listed = Server::start_with(listed_dir.path(), &["--cors-allow-origin", origin]);
+    let allowed = preflight(&listed.endpoint, origin).send().await.unwrap();
+    assert_eq!(
+        header(&allowed, "access-control-allow-origin").as_deref(),
+        Some(origin)
+    );
+    let other = preflight(&listed.endpoint, "https://elsewhere.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(header(&other, "access-control-allow-origin"), None);
+
+    // Off: no CORS headers, and a preflight is just an unknown method.
+    let off_dir = tempfile::tempdir().unwrap();
+    let off = Server::start_with(off_dir.path(), &["--no-cors"]);
+    let response = preflight(&off.endpoint, origin).send().await.unwrap();
+    assert_eq!(header(&response, "access-control-allow-origin"), None);
+    assert!(off.banner.contains("same origin only"), "{}", off.banner);
+    assert!(
+        server.banner.contains("pages of any origin"),
+        "{}",
+        server.banner
+    );
+}
+
+/// A basin's `scope` (the v1 spec's field) must name the location the server offers
+/// (`--location`); it is reported back when it is one of the spec's scope values.
+#[tokio::test]
+async fn basin_scope_is_checked_against_the_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), &["--location", "aws:us-east-1"]);
+    let api = Api::new(&server);
+    let (status, info, _) = api
+        .call(
+            Method::POST,
+            "/basins",
+            None,
+            Some(json!({"basin": "scoped-basin", "scope": "aws:us-east-1"})),
+            &[],
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{info}");
+    assert_eq!(info["scope"], "aws:us-east-1");
+    assert_eq!(info["location"], "aws:us-east-1");
+    let (status, err, _) = api
+        .call(
+            Method::PUT,
+            "/basins/other-basin",
+            None,
+            Some(json!({"scope": "aws:eu-north-1"})),
+            &[],
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let message = err["message"].as_str().unwrap();
+    assert!(
+        message.contains("`aws:eu-north-1`") && message.contains("`aws:us-east-1`"),
+        "{message}"
+    );
+    let (_, locations, _) = api.call(Method::GET, "/locations", None, None, &[]).await;
+    assert_eq!(locations[0]["name"], "aws:us-east-1");
+}
+
+/// The dashboard's assets come from the binary, with a Content-Security-Policy that
+/// allows only this origin; the banner links to it with the root token in the
+/// fragment; `--no-dashboard` leaves a clear 404.
+#[tokio::test]
+async fn the_dashboard_is_served_with_a_strict_policy_and_can_be_turned_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    assert!(
+        server.banner.contains(&format!(
+            "dashboard:     {}/dashboard#token={}",
+            server.endpoint,
+            streamgate_tests::ROOT_TOKEN
+        )),
+        "{}",
+        server.banner
+    );
+    let bare = reqwest::Client::new();
+    for (path, content_type) in [
+        ("/dashboard", "text/html"),
+        ("/dashboard/app.js", "text/javascript"),
+        ("/dashboard/app.css", "text/css"),
+    ] {
+        let response = bare
+            .get(format!("{}{path}", server.endpoint))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default()
+        };
+        assert!(header("content-type").starts_with(content_type), "{path}");
+        assert!(header("content-security-policy").contains("script-src 'self'"));
+        assert_eq!(header("x-content-type-options"), "nosniff");
+    }
+    let info: Value = bare
+        .get(format!("{}/dashboard/server.json", server.endpoint))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        info["resp"],
+        format!("redis://127.0.0.1:{}", server.resp_port)
+    );
+
+    let off_dir = tempfile::tempdir().unwrap();
+    let off = Server::start_with(off_dir.path(), &["--no-dashboard"]);
+    assert!(!off.banner.contains("dashboard:"), "{}", off.banner);
+    let response = bare
+        .get(format!("{}/dashboard", off.endpoint))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert!(response.text().await.unwrap().contains("--no-dashboard"));
 }

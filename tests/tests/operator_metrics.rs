@@ -1,0 +1,162 @@
+//! Operator metrics (`--metrics-listen`) against the real binary: after known requests
+//! over REST, RESP and OTLP, the Prometheus endpoint counts them per front end,
+//! operation and outcome with latency histograms, and shows the WAL, the stores,
+//! compaction, open sessions and the build; without the flag nothing listens.
+
+use std::time::Duration;
+
+use serde_json::json;
+use streamgate_tests::{client, create_streams, resp, Server, ROOT_TOKEN};
+
+const BASIN: &str = "operator-basin";
+
+/// The value of the sample `series` (name with labels, as Prometheus prints it).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn requests_stores_and_sessions_are_counted_for_prometheus() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), &["--metrics-listen", "127.0.0.1:0"]);
+    let metrics_url = server
+        .banner
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("metrics:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the banner names the metrics endpoint")
+        .to_owned();
+    create_streams(&server.endpoint, BASIN, &["s", "otel"]).await;
+    let http = client();
+    for _ in 0..3 {
+        let response = http
+            .post(format!("{}/v1/streams/s/records", server.endpoint))
+            .header("s2-basin", BASIN)
+            .json(&json!({"records": [{"body": "x"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().is_success());
+    }
+    let missing = http
+        .get(format!(
+            "{}/v1/streams/missing/records/tail",
+            server.endpoint
+        ))
+        .header("s2-basin", BASIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let mut redis = resp::Connection::open(server.resp_port, Some(BASIN))
+        .await
+        .unwrap();
+    redis.call(&["AUTH", BASIN, ROOT_TOKEN]).await.unwrap();
+    redis.call(&["XADD", "s", "*", "f", "v"]).await.unwrap();
+    let exported =
+        streamgate_tests::export_logs(&server.endpoint, BASIN, &[("otel", "line")]).await;
+    assert!(exported.status().is_success());
+    // An SSE read that stays open while the metrics are read.
+    let follower = http
+        .get(format!(
+            "{}/v1/streams/s/records?seq_num=0&wait=30",
+            server.endpoint
+        ))
+        .header("s2-basin", BASIN)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let text = reqwest::get(&metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let rest = |op: &str, outcome: &str| {
+        sample(
+            &text,
+            &format!("streamgate_requests_total{{frontend=\"rest\",operation=\"{op}\",outcome=\"{outcome}\"}}"),
+        )
+    };
+    assert_eq!(
+        rest("POST /v1/streams/{stream}/records", "2xx"),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        rest("GET /v1/streams/{stream}/records/tail", "4xx"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "streamgate_requests_total{frontend=\"resp\",operation=\"xadd\",outcome=\"ok\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "streamgate_requests_total{frontend=\"otlp\",operation=\"logs\",outcome=\"2xx\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "streamgate_otlp_exports_total{signal=\"logs\",outcome=\"ok\"}"
+        ),
+        Some(1.0)
+    );
+    assert!(text.contains(
+        "streamgate_request_duration_seconds_bucket{frontend=\"rest\",operation=\"POST /v1/streams/{stream}/records\",le=\"0.005\"}"
+    ));
+    assert!(sample(&text, "streamgate_wal_flushes_total").unwrap() >= 5.0);
+    assert!(sample(&text, "streamgate_wal_flushed_bytes_total").unwrap() > 0.0);
+    assert!(text.contains("streamgate_wal_flush_duration_seconds_bucket"));
+    assert!(
+        sample(
+            &text,
+            "streamgate_object_store_requests_total{operation=\"put\",outcome=\"ok\"}"
+        )
+        .unwrap()
+            >= 5.0
+    );
+    assert!(text.contains(
+        "streamgate_metadata_requests_total{operation=\"creating a stream\",outcome=\"ok\"}"
+    ));
+    assert!(sample(&text, "streamgate_compaction_rounds_total{outcome=\"ok\"}").unwrap() >= 1.0);
+    assert!(sample(&text, "streamgate_compaction_segments_total").unwrap() >= 1.0);
+    assert_eq!(
+        sample(&text, "streamgate_open_sessions{kind=\"sse\"}"),
+        Some(1.0)
+    );
+    assert_eq!(sample(&text, "streamgate_resp_connections"), Some(1.0));
+    assert_eq!(
+        sample(
+            &text,
+            &format!(
+                "streamgate_build_info{{version=\"{}\"}}",
+                env!("CARGO_PKG_VERSION")
+            )
+        ),
+        Some(1.0)
+    );
+    assert!(text.contains("# HELP streamgate_requests_total"));
+    drop(follower);
+
+    // Off by default: the banner says how to turn it on, and nothing else listens.
+    let off_dir = tempfile::tempdir().unwrap();
+    let off = Server::start(off_dir.path());
+    assert!(
+        off.banner
+            .contains("Prometheus metrics off (--metrics-listen"),
+        "{}",
+        off.banner
+    );
+}
