@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs every streamgate test: the Rust suites (unit, engine, black-box HTTP, sessions,
-# crash and drain, access tokens, OTLP, Rust SDK and TLS compatibility), then the suites
-# driven by the official clients: the s2 CLI, the Python SDK, redis-py, the OpenTelemetry
-# Python exporters and a Collector build from PyPI (pytest), and the TypeScript SDK,
-# node-redis, ioredis and the OpenTelemetry Node.js exporters (node --test). Needs a Rust
+# crash and drain, access tokens, OTLP, encryption, metrics, Rust SDK and TLS
+# compatibility), the Rust SDK's own metrics test suite, then the suites driven by the
+# official clients: the s2 CLI, the Python SDK, redis-py, the OpenTelemetry Python
+# exporters and a Collector build from PyPI (pytest), and the TypeScript SDK (on
+# Node.js, and in headless Chromium from a page of another origin), node-redis, ioredis
+# and the OpenTelemetry Node.js exporters (node --test). Needs a Rust
 # toolchain, PostgreSQL (STREAMGATE_TEST_POSTGRES, default postgres://postgres@127.0.0.1:5432,
 # with psql), python3 with venv (moto from PyPI is the S3 server), curl,
 # Node.js with npm, redis-cli and redis-server (a Redis on 127.0.0.1:6379 is used if one
@@ -34,8 +36,11 @@ echo "==> S3 server (moto)"
 # a real S3-API server process over HTTP, each test in a bucket of its own.
 require_s3_server "$venv"
 
-echo "==> building streamgate"
-cargo build --locked --bin streamgate
+echo "==> building streamgate and the test suites"
+# Everything at once, so the binary and the tests share one build of each dependency
+# (building the binary alone would resolve features without the dev-dependencies and
+# compile much of the tree twice).
+cargo build --locked --workspace --all-targets
 export STREAMGATE_BIN="$PWD/target/debug/streamgate"
 
 echo "==> Rust test suites"
@@ -46,6 +51,9 @@ export STREAMGATE_TEST_METADATA=postgres STREAMGATE_TEST_OBJECTS=s3
 cargo test --locked -p streamgate-core --test engine
 cargo test --locked -p streamgate-tests
 unset STREAMGATE_TEST_METADATA STREAMGATE_TEST_OBJECTS
+
+echo "==> the official Rust SDK's own metrics tests (tests/metrics_ops.rs of s2-sdk)"
+compat/rust-sdk-own-tests.sh
 
 echo "==> the official s2 CLI"
 # Built once (about 12 minutes on two cores) into ~/.cargo/bin and reused afterwards.

@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# Pipelined XADD throughput and latency with redis-benchmark, against streamgate's RESP
-# listener (every reply after the entry is durable) and against the Redis server on this
-# machine (in memory, no persistence), one after the other.
+# XADD throughput and latency with redis-benchmark: streamgate's RESP listener (every
+# reply sent once the entry is durable) side by side with a Redis server started here with
+# `appendonly yes` and `appendfsync always` (the durable peer: one fsync per event-loop
+# turn), and with Redis in memory, for 1, 8 and 50 connections, unpipelined and pipelined.
 #
-#   compat/bench/resp-bench.sh [requests] [pipeline]    (needs a release build, redis-benchmark)
+#   compat/bench/resp-bench.sh [requests] [pipeline]     (needs redis-server, redis-benchmark)
+#
+# Prints one table row per (connections, pipeline) with the ratio streamgate / durable
+# Redis. Exits non-zero, saying why, when a server does not start or a run prints no rate.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-requests="${1:-500000}"
+requests="${1:-200000}"
 pipeline="${2:-64}"
+connections="${CONNECTIONS:-1 8 50}"
+for tool in redis-server redis-benchmark redis-cli curl; do
+  command -v "$tool" >/dev/null || { echo "resp-bench: $tool is missing (Debian: redis-server, redis-tools, curl)" >&2; exit 1; }
+done
+mkdir -p target
 work="$(mktemp -d "$PWD/target/resp-bench.XXXX")"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 cargo build --release --quiet --bin streamgate
@@ -15,20 +24,68 @@ cargo build --release --quiet --bin streamgate
 token="resp-bench-root-token-$RANDOM$RANDOM"
 target/release/streamgate --data-dir "$work/data" --listen 127.0.0.1:18090 --resp-listen 127.0.0.1:16390 \
   --root-token "$token" --log warn >/dev/null &
-sleep 2
+mkdir "$work/durable" "$work/memory"
+redis-server --port 16391 --dir "$work/durable" --appendonly yes --appendfsync always --save '' \
+  --daemonize no >"$work/durable.log" 2>&1 &
+redis-server --port 16392 --dir "$work/memory" --appendonly no --save '' --daemonize no >"$work/memory.log" 2>&1 &
+for _ in $(seq 1 50); do
+  if curl -sf -o /dev/null http://127.0.0.1:18090/health && redis-cli -p 16391 ping >/dev/null 2>&1 &&
+    redis-cli -p 16392 ping >/dev/null 2>&1; then
+    break
+  fi
+  sleep 0.2
+done
 if ! curl -sf -X POST http://127.0.0.1:18090/v1/basins -H 'content-type: application/json' \
   -H "authorization: Bearer $token" \
   -d '{"basin":"resp-bench","config":{"create_stream_on_append":true}}' >/dev/null; then
-  echo "resp-bench: streamgate did not create the benchmark basin; see its log" >&2
+  echo "resp-bench: streamgate did not start or did not create the benchmark basin" >&2
   exit 1
 fi
-
-for clients in 1 8; do
-  echo "### streamgate, $clients connection(s), pipeline $pipeline, $requests XADDs"
-  redis-benchmark -p 16390 --user resp-bench -a "$token" -c "$clients" -P "$pipeline" -n "$requests" \
-    XADD "bench-$clients" '*' field value-of-sixteen-b 2>/dev/null | grep -E "throughput summary|avg|^ +[0-9]" | tail -3
-  echo "### redis (in memory), $clients connection(s), pipeline $pipeline, $requests XADDs"
-  redis-benchmark -p "${REDIS_PORT:-6379}" -c "$clients" -P "$pipeline" -n "$requests" \
-    XADD "streamgate-bench-$clients" '*' field value-of-sixteen-b 2>/dev/null | grep -E "throughput summary|avg|^ +[0-9]" | tail -3
-  redis-cli -p "${REDIS_PORT:-6379}" DEL "streamgate-bench-$clients" >/dev/null
+for port in 16391 16392; do
+  redis-cli -p "$port" ping >/dev/null || { echo "resp-bench: redis-server on port $port did not start" >&2; exit 1; }
 done
+
+# One redis-benchmark run: "<requests/s> <p50 ms>", or nothing when it printed no rate.
+run() {
+  local label="$1" clients="$2" depth="$3" key="$4"
+  shift 4
+  local out rate p50
+  # Bounded: redis-benchmark retries a lost server for ever.
+  out="$(timeout "${RUN_TIMEOUT_SECS:-600}" redis-benchmark "$@" -c "$clients" -P "$depth" \
+    -n "$requests" --csv XADD "$key" '*' field value-of-sixteen-b 2>/dev/null || true)"
+  # --csv: a header line, then "test","rps","avg","min","p50",...
+  rate="$(echo "$out" | awk -F'"' 'NR==2 {print $4}')"
+  p50="$(echo "$out" | awk -F'"' 'NR==2 {print $10}')"
+  if [ -z "$rate" ]; then
+    echo "resp-bench: $label with $clients connection(s), pipeline $depth printed no rate:" >&2
+    echo "$out" >&2
+    exit 1
+  fi
+  echo "$rate $p50"
+}
+
+# The table is printed once every row is measured (each row as it comes to stderr), so a
+# run that fails prints no half table.
+rows=""
+for depth in 1 "$pipeline"; do
+  for clients in $connections; do
+    # Plain assignments, so that a run that fails stops the script (`set -e`).
+    sg_run="$(run streamgate "$clients" "$depth" "bench-$clients-$depth" -p 16390 --user resp-bench -a "$token")"
+    dur_run="$(run "durable Redis" "$clients" "$depth" "bench-$clients-$depth" -p 16391)"
+    mem_run="$(run "in-memory Redis" "$clients" "$depth" "bench-$clients-$depth" -p 16392)"
+    read -r sg sg50 <<<"$sg_run"
+    read -r dur dur50 <<<"$dur_run"
+    read -r mem _ <<<"$mem_run"
+    ratio="$(awk -v a="$sg" -v b="$dur" 'BEGIN {printf "%.2f×", a / b}')"
+    row="$(printf '| %s | %s | %.0f/s, p50 %s ms | %.0f/s, p50 %s ms | %s | %.0f/s |' \
+      "$clients" "$depth" "$sg" "$sg50" "$dur" "$dur50" "$ratio" "$mem")"
+    echo "resp-bench: measured $row" >&2
+    rows+="$row"$'\n'
+  done
+done
+
+echo "$requests XADDs per run; rates in XADD/s, p50 in ms"
+echo
+echo "| connections | pipeline | streamgate (durable) | Redis, appendfsync always | ratio | Redis, in memory |"
+echo "| --- | --- | --- | --- | --- | --- |"
+printf '%s' "$rows"

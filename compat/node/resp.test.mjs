@@ -129,3 +129,81 @@ async function ioredisProgram(options) {
 	tail.disconnect();
 	redis.disconnect();
 }
+
+// A work queue shared by node-redis and ioredis workers in one consumer group: a consumer
+// that takes a batch and vanishes leaves it pending, the others take it over with
+// XAUTOCLAIM, and every job is processed and acknowledged exactly once.
+test("node-redis and ioredis workers share a consumer group", async () => {
+	const stream = "node-jobs";
+	const group = "workers";
+	const jobs = 120;
+	const producer = createClient(plainOptions);
+	await producer.connect();
+	await producer.xGroupCreate(stream, group, "0", { MKSTREAM: true });
+	for (let i = 0; i < jobs; i++) {
+		await producer.xAdd(stream, "*", { job: String(i) });
+	}
+
+	// Takes ten jobs and disappears without acknowledging them.
+	const vanished = new Redis({ host: "127.0.0.1", port: respPort, username: basin, password: ROOT_TOKEN });
+	const taken = await vanished.xreadgroup("GROUP", group, "vanished", "COUNT", 10, "STREAMS", stream, ">");
+	assert.equal(taken[0][1].length, 10);
+	vanished.disconnect();
+	const summary = await producer.xPending(stream, group);
+	assert.equal(summary.pending, 10);
+
+	const done = new Map();
+	const acks = new Map();
+	const record = (job, acked) => {
+		done.set(job, (done.get(job) ?? 0) + 1);
+		acks.set(job, (acks.get(job) ?? 0) + acked);
+	};
+	const finished = async () => (await producer.xPending(stream, group)).pending === 0;
+
+	async function nodeRedisWorker(name) {
+		const client = createClient(plainOptions);
+		await client.connect();
+		let cursor = "0-0";
+		while (true) {
+			const claimed = await client.xAutoClaim(stream, group, name, 300, cursor, { COUNT: 5 });
+			cursor = claimed.nextId;
+			const fresh = await client.xReadGroup(group, name, { key: stream, id: ">" }, { COUNT: 5, BLOCK: 100 });
+			const messages = [...claimed.messages.filter(Boolean), ...(fresh?.[0]?.messages ?? [])];
+			for (const { id, message } of messages) {
+				record(message.job, await client.xAck(stream, group, id));
+			}
+			if (messages.length === 0 && cursor === "0-0" && (await finished())) break;
+		}
+		await client.quit();
+	}
+
+	async function ioredisWorker(name) {
+		const client = new Redis({ host: "127.0.0.1", port: respPort, username: basin, password: ROOT_TOKEN });
+		let cursor = "0-0";
+		while (true) {
+			const [next, claimed] = await client.xautoclaim(stream, group, name, 300, cursor, "COUNT", 5);
+			cursor = next;
+			const fresh = await client.xreadgroup("GROUP", group, name, "COUNT", 5, "BLOCK", 100, "STREAMS", stream, ">");
+			const entries = [...claimed, ...(fresh?.[0]?.[1] ?? [])];
+			for (const [id, fields] of entries) {
+				record(fields[fields.indexOf("job") + 1], await client.xack(stream, group, id));
+			}
+			if (entries.length === 0 && cursor === "0-0" && (await finished())) break;
+		}
+		client.disconnect();
+	}
+
+	await Promise.all([nodeRedisWorker("n1"), nodeRedisWorker("n2"), ioredisWorker("i1"), ioredisWorker("i2")]);
+	assert.equal(done.size, jobs, "every job processed");
+	for (const [job, count] of acks) {
+		assert.equal(count, 1, `job ${job} acknowledged exactly once`);
+	}
+	const groups = await producer.xInfoGroups(stream);
+	assert.equal(groups.length, 1);
+	assert.equal(groups[0].pending, 0);
+	assert.equal(groups[0].lag, 0);
+	assert.equal(groups[0]["entries-read"], jobs);
+	const consumers = await producer.xInfoConsumers(stream, group);
+	assert.deepEqual(consumers.map((c) => c.name).sort(), ["i1", "i2", "n1", "n2", "vanished"]);
+	await producer.quit();
+});

@@ -26,12 +26,18 @@ class Streamgate:
 
 
 @contextlib.contextmanager
-def launch(*extra_args):
-    """Runs streamgate with `extra_args` until the block ends."""
+def launch(*extra_args, data_dir=None):
+    """Runs streamgate with `extra_args` until the block ends (then kills it with SIGKILL).
+
+    With `data_dir`, the server keeps its data there, so a later launch on the same
+    directory restarts it; otherwise it gets a temporary directory of its own.
+    """
     binary = os.environ.get("STREAMGATE_BIN")
     if not binary or not os.path.exists(binary):
         pytest.fail("set STREAMGATE_BIN to a built streamgate binary (scripts/test.sh does)")
-    with tempfile.TemporaryDirectory() as data_dir:
+    with contextlib.ExitStack() as stack:
+        if data_dir is None:
+            data_dir = stack.enter_context(tempfile.TemporaryDirectory())
         proc = subprocess.Popen(
             [binary, "--data-dir", data_dir, "--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0",
              "--reap-interval-secs", "1", "--compaction-interval-ms", "300", "--root-token", ROOT_TOKEN,

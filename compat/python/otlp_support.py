@@ -45,12 +45,14 @@ class Gate:
 
     def read_records(self, basin, stream, missing_ok=False):
         """Every record of `stream` as (headers, body): headers a list of (name, value) str
-        pairs. With `missing_ok`, a stream that does not exist yet reads as empty."""
+        pairs. With `missing_ok`, a stream that does not exist yet, or exists with nothing in
+        it yet (416: created on first export, its first append not yet acknowledged), reads
+        as empty."""
         path = f"/streams/{urllib.parse.quote(stream, safe='')}/records?seq_num=0"
         try:
             batch = self.rest("GET", path, basin=basin, extra_headers={"s2-format": "base64"})
         except urllib.error.HTTPError as err:
-            if missing_ok and err.code == 404:
+            if missing_ok and err.code in (404, 416):
                 return []
             raise
         records = []

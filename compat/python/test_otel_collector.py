@@ -144,9 +144,10 @@ def test_collector_otlphttp_exporter_delivers_logs(server, tmp_path, encoding):
     output = collector_log.read_text()
     assert "Everything is ready" in output, output[-4000:]
 
-    records = gate.read_records(basin, stream)
+    # An empty stream fails on the comparison below, with the Collector's log to say why.
+    records = gate.read_records(basin, stream, missing_ok=True)
     bodies, resources, record_attrs = log_bodies_and_groups(records, encoding)
-    assert bodies == lines, output[-4000:]
+    assert bodies == lines, f"{len(bodies)} of {LINES} lines delivered; Collector exit code {proc.returncode}; its log:\n{output[-4000:]}"
     for res in resources:
         assert res["s2.stream"] == stream
         assert res["service.name"] == "filelog-app"

@@ -282,3 +282,22 @@ def test_reply_shapes_match_a_real_redis(server, real_redis, protocol):
         with pytest.raises(redis.ResponseError, match="wrong number of arguments"):
             client.execute_command("XADD", key)
     theirs.delete(key)
+
+
+def test_large_replies_are_bounded_and_xrevrange_keeps_the_newest(server):
+    """COUNT allows 10,000 entries; of 1 MiB each that would be 10 GiB in one reply. A
+    read replies with at most 16 MiB of entries (the rest are a page away), and
+    XREVRANGE cut short still starts from the newest."""
+    make_basin(server, create_stream_on_append=True)
+    r = connect(server)
+    big = "x" * (1024 * 1024 - 1024)
+    ids = [r.xadd("big", {"f": big}) for _ in range(20)]
+    forward = [entry_id for entry_id, _ in r.xrange("big")]
+    assert 0 < len(forward) < 20, len(forward)
+    assert forward == ids[: len(forward)]
+    backward = [entry_id for entry_id, _ in r.xrevrange("big")]
+    assert backward == ids[::-1][: len(backward)]
+    assert len(backward) == len(forward)
+    # The next page holds the rest.
+    rest = [entry_id for entry_id, _ in r.xrange("big", min=f"({forward[-1]}")]
+    assert forward + rest == ids

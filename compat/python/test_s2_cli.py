@@ -4,6 +4,7 @@ and following), fencing, trimming, check-tail and a short `s2 bench`. Outputs ar
 checked, not just exit codes. The CLI comes from S2_CLI or PATH (scripts/test.sh
 installs it)."""
 
+import base64
 import os
 import shutil
 import subprocess
@@ -29,9 +30,14 @@ def s2(endpoint, tmp_path):
         S2_NO_UPDATE_CHECK="1",
     )
 
-    def run(*args, stdin=None, check=True, timeout=60):
+    def run(*args, stdin=None, check=True, timeout=60, extra_env=None):
         result = subprocess.run(
-            [binary, *args], input=stdin, capture_output=True, text=True, env=env, timeout=timeout
+            [binary, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=dict(env, **(extra_env or {})),
+            timeout=timeout,
         )
         if check and result.returncode != 0:
             raise AssertionError(f"s2 {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
@@ -174,3 +180,54 @@ def test_access_tokens_issued_listed_used_and_revoked(s2, server):
     assert "cli/jobs" not in s2("list-access-tokens").stdout
     after = as_issued("check-tail", f"s2://{BASIN}/cli-jobs/a", check=False)
     assert_refused(after, "authn", "the access token is not valid (unknown or revoked)")
+
+
+def test_encrypted_stream_with_the_key_from_the_environment_or_a_file(s2, tmp_path):
+    basin = "cli-encrypted"
+    s2("create-basin", basin, "--stream-cipher", "aegis-256")
+    uri = f"s2://{basin}/audit"
+    s2("create-stream", uri)
+    key = base64.b64encode(os.urandom(32)).decode()
+    with_key = {"S2_ENCRYPTION_KEY": key}
+    appended = s2("append", uri, stdin="top secret\nclassified\n", extra_env=with_key)
+    assert "[APPENDED] 0..2" in appended.stderr
+    assert s2("read", uri, "-s", "0", "-n", "2", extra_env=with_key).stdout == "top secret\nclassified\n"
+    key_file = tmp_path / "stream-key.b64"
+    key_file.write_text(key + "\n")
+    read = s2("read", uri, "--encryption-key-file", str(key_file), "-s", "0", "-n", "10")
+    assert read.stdout == "top secret\nclassified\n"
+    assert s2("tail", uri, "-n", "1", extra_env=with_key).stdout == "classified\n"
+
+    assert_refused(s2("read", uri, "-s", "0", "-n", "1", check=False), "s2-encryption-key")
+    wrong = {"S2_ENCRYPTION_KEY": base64.b64encode(os.urandom(32)).decode()}
+    assert_refused(s2("read", uri, "-s", "0", "-n", "1", check=False, extra_env=wrong), "decryption")
+    assert s2("check-tail", uri).stdout.startswith("2 @ ")
+
+    # Streams created after the basin changes cipher take the new one.
+    s2("reconfigure-basin", basin, "--stream-cipher", "aes-256-gcm")
+    gcm = f"s2://{basin}/gcm"
+    s2("create-stream", gcm)
+    s2("append", gcm, stdin="gcm record\n", extra_env=with_key)
+    assert s2("read", gcm, "-s", "0", "-n", "1", extra_env=with_key).stdout == "gcm record\n"
+
+
+def test_metrics_commands_show_the_usage_just_made(s2):
+    basin = "cli-metrics-basin"
+    s2("create-basin", basin)
+    s2("create-stream", f"s2://{basin}/logs")
+    s2("append", f"s2://{basin}/logs", stdin="hello\nworld\n")
+    window = ["--start-ago", "10m", "--end-ago", "0s"]
+    deadline = time.monotonic() + 30
+    while True:
+        shown = s2("get-basin-metrics", basin, "append-throughput", *window).stdout
+        if "26" in shown or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    # One series per storage class: 2 records of 13 metered bytes, in bytes.
+    assert "express" in shown and "| bytes |" in shown and "|    26 |" in shown, shown
+    ops = s2("get-account-metrics", "account-ops", *window, "--interval", "minute").stdout
+    assert "create-basin" in ops and "| operations |" in ops, ops
+    active = s2("get-account-metrics", "active-basins", *window).stdout
+    assert f"active_basins:\n  {basin}" in active, active
+    refused = s2("get-account-metrics", "active-basins", "--start-ago", "100d", "--end-ago", "0s", check=False)
+    assert_refused(refused, "90 days")
