@@ -651,6 +651,8 @@ struct HeldWal {
     open: tokio::sync::watch::Sender<bool>,
     /// WAL puts waiting to be let through.
     waiting: tokio::sync::watch::Sender<usize>,
+    /// WAL puts made so far.
+    puts: std::sync::atomic::AtomicUsize,
 }
 
 impl HeldWal {
@@ -659,7 +661,20 @@ impl HeldWal {
             inner,
             open: tokio::sync::watch::Sender::new(true),
             waiting: tokio::sync::watch::Sender::new(0),
+            puts: Default::default(),
         }
+    }
+
+    /// An engine on `dir` whose WAL puts go through a `HeldWal`, and that `HeldWal`.
+    async fn open(dir: &Path, settings: EngineSettings) -> (TestEngine, Arc<HeldWal>) {
+        let mut held = None;
+        let engine = open_with_objects(dir, settings, |objects| {
+            let wal = Arc::new(HeldWal::new(objects));
+            held = Some(wal.clone());
+            wal
+        })
+        .await;
+        (engine, held.expect("the engine's object store"))
     }
 
     /// Waits until `count` WAL puts are held.
@@ -677,6 +692,7 @@ impl HeldWal {
 impl ObjectStore for HeldWal {
     async fn put(&self, key: &str, data: Bytes) -> streamgate_core::Result<()> {
         if key.starts_with("wal/") {
+            self.puts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.waiting.send_modify(|n| *n += 1);
             let _ = self.open.subscribe().wait_for(|open| *open).await;
             self.waiting.send_modify(|n| *n -= 1);
@@ -714,21 +730,61 @@ impl ObjectStore for HeldWal {
 /// a further append waits (the engine reports itself congested meanwhile) and is
 /// appended once the store takes them; one that finds no room for 10 s is refused
 /// retryably and never lands.
+/// On a local disk, small appends that arrive while a chunk is being written share the
+/// next chunk (one flush between them) instead of each starting a chunk of its own.
+#[tokio::test]
+async fn small_appends_arriving_during_a_write_share_the_next_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, held) = HeldWal::open(dir.path(), EngineSettings::default()).await;
+    let s = setup(&engine, "sharing").await;
+    let before = held.puts.load(std::sync::atomic::Ordering::SeqCst);
+    held.open.send_replace(false);
+    let append = |body: &'static str| {
+        let (caller, s) = (engine.root.clone(), s.clone());
+        tokio::spawn(async move { caller.append(&basin(), &s, records(&[body]), None).await })
+    };
+    let first = append("first");
+    held.holding(1).await;
+    let others: Vec<_> = ["second", "third", "fourth"]
+        .into_iter()
+        .map(append)
+        .collect();
+    // Time for them to reach the writer; if they did not, they would go out one by one
+    // and the count below would say so.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        *held.waiting.borrow(),
+        1,
+        "no second small chunk while one is written"
+    );
+    held.open.send_replace(true);
+    assert_eq!(first.await.unwrap().unwrap().start.seq_num, 0);
+    let mut starts = Vec::new();
+    for other in others {
+        starts.push(other.await.unwrap().unwrap().start.seq_num);
+    }
+    starts.sort();
+    assert_eq!(starts, [1, 2, 3]);
+    assert_eq!(
+        held.puts.load(std::sync::atomic::Ordering::SeqCst) - before,
+        2,
+        "the first chunk, then one for the three that waited"
+    );
+}
+
 #[tokio::test]
 async fn appends_beyond_the_in_flight_budget_wait_instead_of_failing() {
     let dir = tempfile::tempdir().unwrap();
     let settings = EngineSettings {
         max_inflight_bytes: 32 * 1024,
+        // Every append a chunk of its own, written alongside the others.
+        flush: streamgate_core::FlushSettings {
+            parallel_min_bytes: 0,
+            ..Default::default()
+        },
         ..Default::default()
     };
-    let mut held = None;
-    let engine = open_with_objects(dir.path(), settings, |objects| {
-        let wal = Arc::new(HeldWal::new(objects));
-        held = Some(wal.clone());
-        wal
-    })
-    .await;
-    let held = held.expect("the engine's object store");
+    let (engine, held) = HeldWal::open(dir.path(), settings).await;
     let s = setup(&engine, "budget").await;
     // 8 KiB bodies: 9 KiB of budget each (8 bytes of metering overhead round up), so
     // three fit in 32 KiB and a fourth does not.
@@ -1167,4 +1223,138 @@ async fn trims_retention_delete_on_empty_and_deletion_remove_whole_objects() {
     assert!(read_all(&engine, &expiring, ReadStart::SeqNum(0))
         .await
         .is_empty());
+}
+
+/// Consumer groups are state of their stream: each change is durable when answered, so
+/// the groups come back exactly after a crash (no shutdown), from the log alone and then
+/// from a compaction checkpoint plus the log; they are not records; they go with the
+/// stream.
+#[tokio::test]
+async fn consumer_groups_survive_a_crash_from_the_log_and_from_checkpoints() {
+    use streamgate_core::groups::{EntryId, GroupOp, Groups};
+
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let s = setup(&engine, "jobs").await;
+    let ack = engine
+        .append(&basin(), &s, records(&["j0", "j1", "j2", "j3", "j4"]), None)
+        .await
+        .unwrap();
+    let id = |seq: u64| EntryId::new(ack.start.timestamp, seq);
+    let change = |ops: Vec<GroupOp>| {
+        let engine = &engine;
+        let s = &s;
+        async move {
+            let ((), durable) = engine
+                .change_groups(&basin(), s, |_, _| Ok((ops, ())))
+                .await
+                .unwrap();
+            durable.await.unwrap()
+        }
+    };
+    change(vec![GroupOp::Create {
+        group: "workers".into(),
+        last_id: EntryId::MIN,
+        entries_read: None,
+    }])
+    .await;
+    change(vec![GroupOp::Deliver {
+        group: "workers".into(),
+        consumer: "alice".into(),
+        now_ms: 1_000,
+        ids: vec![id(0), id(1), id(2)],
+        last_id: id(2),
+        entries_read: Some(3),
+        noack: false,
+    }])
+    .await;
+    change(vec![GroupOp::Ack {
+        group: "workers".into(),
+        ids: vec![id(0)],
+    }])
+    .await;
+    let snapshot = |engine: &TestEngine| {
+        let s = s.clone();
+        let engine = engine.root.clone();
+        async move {
+            let (groups, durable) = engine
+                .read_groups(&basin(), &s, |groups: &Groups, _| groups.clone())
+                .await
+                .unwrap();
+            durable.await.unwrap();
+            groups
+        }
+    };
+    let before = snapshot(&engine).await;
+    let workers = before.get("workers").unwrap();
+    assert_eq!(workers.last_id, id(2));
+    assert_eq!(
+        workers.pending.keys().copied().collect::<Vec<_>>(),
+        [id(1), id(2)]
+    );
+    drop(engine); // no shutdown: what recovery finds is what the log holds
+
+    let engine = open(dir.path()).await;
+    assert_eq!(
+        snapshot(&engine).await,
+        before,
+        "the groups came back from the log"
+    );
+    assert_eq!(
+        engine.check_tail(&basin(), &s, None).await.unwrap().seq_num,
+        5,
+        "group ops take no position of the stream"
+    );
+    engine.engine.compact().await.unwrap();
+    let ((), durable) = engine
+        .change_groups(&basin(), &s, |_, _| {
+            Ok((
+                vec![GroupOp::Deliver {
+                    group: "workers".into(),
+                    consumer: "bob".into(),
+                    now_ms: 2_000,
+                    ids: vec![id(3)],
+                    last_id: id(3),
+                    entries_read: Some(4),
+                    noack: false,
+                }],
+                (),
+            ))
+        })
+        .await
+        .unwrap();
+    durable.await.unwrap();
+    let later = snapshot(&engine).await;
+    assert_eq!(
+        later.get("workers").unwrap().consumers["bob"].pending.len(),
+        1
+    );
+    drop(engine);
+
+    let engine = open(dir.path()).await;
+    assert_eq!(
+        snapshot(&engine).await,
+        later,
+        "the groups came back from the checkpoint and the log after it"
+    );
+    // Records read as before: the group ops are no records.
+    let read = engine.read(&basin(), &s, from_seq(0), None).await.unwrap();
+    assert_eq!(bodies(&read), ["j0", "j1", "j2", "j3", "j4"]);
+
+    // Deleting the stream deletes its groups: a new stream of that name has none.
+    engine.delete_stream(&basin(), &s).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match engine
+            .create_stream(&basin(), s.clone(), StreamConfig::default(), None)
+            .await
+        {
+            Ok(_) => break,
+            Err(Error::DeletionPending(_)) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(err) => panic!("recreating the stream: {err}"),
+        }
+    }
+    assert!(snapshot(&engine).await.is_empty());
 }
