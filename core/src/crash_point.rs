@@ -6,7 +6,10 @@
 //!   multi-step background work;
 //! - `STREAMGATE_PANIC_ON=<marker>`: an append holding a record whose body or a header
 //!   value is exactly `<marker>` panics before anything is sequenced, so a test can check
-//!   that a panic ends only the request or connection it happened in.
+//!   that a panic ends only the request or connection it happened in;
+//! - `STREAMGATE_PAUSE_AT=<point>:<milliseconds>`: the task that reaches that point
+//!   sleeps that long there, every time, so a test can make one step slow (a takeover
+//!   that outlasts the lease, say).
 
 use std::sync::OnceLock;
 
@@ -18,6 +21,21 @@ pub(crate) fn crash_point(point: &str) {
     if crash_at.as_deref() == Some(point) {
         eprintln!("STREAMGATE_CRASH_AT={point}: aborting here, as asked");
         std::process::abort();
+    }
+}
+
+pub(crate) async fn pause_point(point: &str) {
+    static PAUSE_AT: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    let pause_at = PAUSE_AT.get_or_init(|| {
+        let value = std::env::var("STREAMGATE_PAUSE_AT").ok()?;
+        let (at, ms) = value.rsplit_once(':')?;
+        Some((at.to_owned(), ms.parse().ok()?))
+    });
+    if let Some((at, ms)) = pause_at {
+        if at == point {
+            tracing::warn!(point, ms, "STREAMGATE_PAUSE_AT: pausing here, as asked");
+            tokio::time::sleep(std::time::Duration::from_millis(*ms)).await;
+        }
     }
 }
 

@@ -245,6 +245,10 @@ impl Engine {
             usage_expired_at: Mutex::new(None),
         });
         let engine = Engine { inner };
+        // Renewals start before the takeover: replaying this node's earlier logs can
+        // take longer than a lease, and a lease that lapsed meanwhile would refuse it
+        // (the task ends by itself if start-up fails and the engine is dropped).
+        let renewals = engine.spawn_renewals();
         let taken = engine.inner.ownership.take_orphans(true).await?;
         engine.retire_legacy_logs().await?;
         tracing::info!(
@@ -253,7 +257,7 @@ impl Engine {
             "joined the cluster and took over the streams this node had before"
         );
         let background = vec![
-            engine.spawn_renewals(),
+            renewals,
             engine.every(engine.inner.settings.cluster.renew_interval(), |engine| {
                 Box::pin(async move { engine.follow_cluster().await })
             }),

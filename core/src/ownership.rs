@@ -265,6 +265,7 @@ impl Ownership {
             replayed.extend(replays);
         }
 
+        crate::crash_point::pause_point("takeover-replayed").await;
         // Each stream starts from its checkpoint; its batches are copied into this
         // node's log, which publishes them as they become durable.
         let mut acks = Vec::new();

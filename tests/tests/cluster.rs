@@ -13,6 +13,8 @@
 //!   over first: through the other nodes, not one append fails. Afterwards every stream, read from every node,
 //!   holds every acknowledged batch exactly once at its acknowledged position, so no
 //!   position was acknowledged twice.
+//! - A node whose start-up takeover outlasts its lease still starts (it renews the
+//!   lease meanwhile).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -838,4 +840,60 @@ async fn a_node_stopped_with_sigterm_hands_its_streams_over_and_no_append_fails_
             "{stream} holds every acknowledged XADD once, in order"
         );
     }
+}
+
+/// A restarted node replays its log and takes its streams back before it serves. When
+/// that takes longer than a lease (here a test hook pauses it for three leases), the
+/// node keeps its lease renewed meanwhile, starts, and has lost no acknowledged record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_whose_recovery_outlasts_the_lease_still_starts() {
+    const LEASE: Duration = Duration::from_secs(1);
+    let dir = tempfile::tempdir().unwrap();
+    let tag = format!("{}{}", std::process::id(), rand::rng().random::<u32>());
+    let metadata = format!(
+        "{}/streamgate_test_slow_recovery_{tag}",
+        backends::postgres_server()
+    );
+    let s3 = backends::s3_endpoint();
+    let objects = format!("s3://streamgate-test-slow-recovery-{tag}/records");
+    let lease_secs = LEASE.as_secs().to_string();
+    let mut node = Server::start_with(
+        dir.path(),
+        &[
+            "--metadata",
+            &metadata,
+            "--objects",
+            &objects,
+            "--s3-endpoint",
+            &s3,
+            "--lease-secs",
+            &lease_secs,
+            // Nothing is compacted, so the restart replays every batch from the log.
+            "--compaction-interval-ms",
+            "3600000",
+        ],
+    );
+    streamgate_tests::create_streams(&node.endpoint, BASIN, &["s0"]).await;
+    let history = Mutex::new(History::default());
+    for batch in 0..20 {
+        let request = client().post(format!("{}/v1/streams/s0/records", node.endpoint));
+        let sent = send_rest_batch(&history, request, BASIN, (0, format!("b{batch}"), 5)).await;
+        assert!(
+            matches!(sent, Sent::Acked { .. }),
+            "batch {batch} was acknowledged"
+        );
+    }
+    node.kill9();
+
+    // The restart's takeover pauses for three leases once it has read the log.
+    node.set_env("STREAMGATE_PAUSE_AT", Some("takeover-replayed:3000"));
+    let started = Instant::now();
+    tokio::task::block_in_place(|| node.restart());
+    eprintln!(
+        "the node started {:.1} s after its restart began",
+        started.elapsed().as_secs_f64()
+    );
+    let streams = vec![read_all(&node.endpoint, BASIN, 0).await];
+    let verified = verify(&history.lock().unwrap(), &streams);
+    assert_eq!(verified, 20, "every acknowledged batch is there once");
 }
