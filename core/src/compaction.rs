@@ -149,6 +149,16 @@ impl Compactor {
                         .cloned()
                         .unwrap_or_default(),
                 });
+                // A copy of what the checkpoint already holds: a takeover that failed
+                // part way had relogged it before the takeover that succeeded did again.
+                let end = entry.records[0].seq_num + entry.records.len() as u64;
+                let compacted_end = match entry.kind {
+                    EntryKind::Records => run.checkpoint.next_seq,
+                    EntryKind::GroupOps => run.checkpoint.next_group_op,
+                };
+                if end <= compacted_end {
+                    continue;
+                }
                 if entry.kind == EntryKind::GroupOps {
                     // Into the checkpoint only: group ops have no place in segments.
                     let first = entry.records[0].seq_num;

@@ -9,7 +9,10 @@
 //!   that a panic ends only the request or connection it happened in;
 //! - `STREAMGATE_PAUSE_AT=<point>:<milliseconds>`: the task that reaches that point
 //!   sleeps that long there, every time, so a test can make one step slow (a takeover
-//!   that outlasts the lease, say).
+//!   that outlasts the lease, say);
+//! - `STREAMGATE_FAIL_AT=<point>`: the first time the process reaches that point, the
+//!   step there fails with a storage error, as if the store had refused it (a takeover
+//!   that fails part way, say); later passes go through.
 
 use std::sync::OnceLock;
 
@@ -37,6 +40,20 @@ pub(crate) async fn pause_point(point: &str) {
             tokio::time::sleep(std::time::Duration::from_millis(*ms)).await;
         }
     }
+}
+
+pub(crate) fn fail_point(point: &str) -> crate::error::Result<()> {
+    static FAIL_AT: OnceLock<Option<String>> = OnceLock::new();
+    static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let fail_at = FAIL_AT.get_or_init(|| std::env::var("STREAMGATE_FAIL_AT").ok());
+    if fail_at.as_deref() == Some(point) && !FAILED.swap(true, std::sync::atomic::Ordering::SeqCst)
+    {
+        tracing::warn!(point, "STREAMGATE_FAIL_AT: failing here once, as asked");
+        return Err(crate::error::Error::storage(format!(
+            "STREAMGATE_FAIL_AT={point}: failing here once, as asked"
+        )));
+    }
+    Ok(())
 }
 
 pub(crate) fn panic_point(records: &[AppendRecord]) {

@@ -322,6 +322,7 @@ impl Ownership {
         for ack in acks {
             ack.await?;
         }
+        crate::crash_point::fail_point("takeover-relogged")?;
         let committed: Vec<(u64, u64)> = claims
             .iter()
             .map(|c| (c.stream.id, c.lease_epoch))

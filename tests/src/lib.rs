@@ -305,6 +305,23 @@ impl Server {
 
     /// Sets (or with `None` removes) an environment variable for the next start, e.g.
     /// `STREAMGATE_CRASH_AT`, which makes the server abort at a named point.
+    /// Gives `flag` this `value` from the next start on (in place of any it had).
+    pub fn set_flag(&mut self, flag: &str, value: &str) {
+        match self.extra_args.iter().position(|a| a == flag) {
+            Some(at) if at + 1 < self.extra_args.len() => self.extra_args[at + 1] = value.into(),
+            _ => self.extra_args.extend([flag.to_owned(), value.to_owned()]),
+        }
+    }
+
+    /// The Prometheus endpoint the banner names (with `--metrics-listen`).
+    pub fn metrics_url(&self) -> Option<String> {
+        self.banner
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("metrics:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_owned)
+    }
+
     pub fn set_env(&mut self, key: &str, value: Option<&str>) {
         self.env.retain(|(k, _)| k != key);
         if let Some(value) = value {

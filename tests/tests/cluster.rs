@@ -14,7 +14,7 @@
 //!   holds every acknowledged batch exactly once at its acknowledged position, so no
 //!   position was acknowledged twice.
 //! - A node whose start-up takeover outlasts its lease still starts (it renews the
-//!   lease meanwhile).
+//!   lease meanwhile), and a takeover that fails part way is made again.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -896,4 +896,150 @@ async fn a_restart_whose_recovery_outlasts_the_lease_still_starts() {
     let streams = vec![read_all(&node.endpoint, BASIN, 0).await];
     let verified = verify(&history.lock().unwrap(), &streams);
     assert_eq!(verified, 20, "every acknowledged batch is there once");
+}
+
+/// A takeover that fails part way (here after it relogged the streams' tails, by a test
+/// hook) is made again on the next request: the stream does not stay unserved, the
+/// copies the failed attempt left in the new owner's log are never read twice, and no
+/// acknowledged record is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_takeover_that_fails_part_way_is_made_again() {
+    const STREAMS: usize = 4;
+    // Node 0 never compacts, so the takeover below has batches to relog.
+    let mut cluster = Cluster::start(
+        2,
+        &[
+            "--lease-secs",
+            LEASE_SECS,
+            "--compaction-interval-ms",
+            "3600000",
+        ],
+    );
+    // Node 1 leaves for now, so node 0 takes every stream on first use.
+    cluster.nodes[1].kill9();
+    cluster.wait_for_live_nodes(0, 1).await;
+    let names = stream_names(STREAMS);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    streamgate_tests::create_streams(&cluster.endpoint(0), BASIN, &refs).await;
+    let history = Mutex::new(History::default());
+    let mut batch = 0;
+    let mut append_to_each = |endpoint: String| {
+        let requests: Vec<_> = (0..STREAMS)
+            .map(|s| {
+                batch += 1;
+                let request = client()
+                    .post(format!("{endpoint}/v1/streams/s{s}/records"))
+                    .timeout(Duration::from_secs(20));
+                (s, format!("b{batch}"), request)
+            })
+            .collect();
+        requests
+    };
+    for (s, id, request) in append_to_each(cluster.endpoint(0)) {
+        let sent = send_rest_batch(&history, request, BASIN, (s, id, 3)).await;
+        assert!(matches!(sent, Sent::Acked { .. }), "node 0 took s{s}");
+    }
+
+    // Node 1 comes back with the hook, then node 0 dies: node 1's first takeover of
+    // node 0's streams fails after relogging them.
+    cluster.nodes[1].set_env("STREAMGATE_FAIL_AT", Some("takeover-relogged"));
+    cluster.nodes[1].set_flag("--compaction-interval-ms", "200");
+    cluster.nodes[1].set_flag("--metrics-listen", "127.0.0.1:0");
+    tokio::task::block_in_place(|| cluster.nodes[1].restart());
+    cluster.wait_for_live_nodes(1, 2).await;
+    cluster.nodes[0].kill9();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    for round in 0..3 {
+        for (s, id, request) in append_to_each(cluster.endpoint(1)) {
+            // Each attempt is a batch of its own: one that got no answer may be there.
+            for attempt in 0.. {
+                let retry = request.try_clone().unwrap();
+                let id = format!("{id}.{attempt}");
+                match send_rest_batch(&history, retry, BASIN, (s, id, 3)).await {
+                    Sent::Acked { .. } => break,
+                    Sent::Refused(r) => assert!(
+                        r.status().is_server_error(),
+                        "only a retryable refusal while s{s} changes owner: {}",
+                        r.status()
+                    ),
+                    Sent::NoAnswer => {}
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: s{s} took no append through node 1 within 40 s"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+
+    // Node 1's log holds the failed attempt's copies and the real ones: its compaction
+    // takes each batch once and goes on (rounds keep succeeding, none fails).
+    let metrics_url = cluster.nodes[1]
+        .metrics_url()
+        .expect("node 1 serves metrics");
+    let rounds = |outcome: &'static str| {
+        let metrics_url = metrics_url.clone();
+        async move {
+            let text = client()
+                .get(&metrics_url)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            text.lines()
+                .find(|l| {
+                    l.starts_with("streamgate_compaction_rounds_total")
+                        && l.contains(&format!("outcome=\"{outcome}\""))
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        }
+    };
+    let ok_before = rounds("ok").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(rounds("ok").await > ok_before, "node 1 compacts");
+    assert_eq!(
+        rounds("error").await,
+        0.0,
+        "no compaction round of node 1 failed"
+    );
+
+    // Node 0, started again once node 1 is gone, rebuilds every stream from node 1's log.
+    cluster.nodes[1].kill9();
+    cluster.nodes[0].set_env("STREAMGATE_FAIL_AT", None);
+    tokio::task::block_in_place(|| cluster.nodes[0].restart());
+    let mut streams = Vec::new();
+    for s in 0..STREAMS {
+        let read_deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let response = client()
+                .get(format!(
+                    "{}/v1/streams/s{s}/records?seq_num=0",
+                    cluster.endpoint(0)
+                ))
+                .header("s2-basin", BASIN)
+                .send()
+                .await
+                .unwrap();
+            if response.status().is_success() {
+                break;
+            }
+            assert!(
+                Instant::now() < read_deadline,
+                "node 0 never served s{s} again: {}",
+                response.status()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        streams.push(read_all(&cluster.endpoint(0), BASIN, s).await);
+    }
+    let verified = verify(&history.lock().unwrap(), &streams);
+    assert_eq!(
+        verified,
+        4 * STREAMS,
+        "every acknowledged batch is there once"
+    );
 }

@@ -22,12 +22,8 @@ async fn requests_stores_and_sessions_are_counted_for_prometheus() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_with(dir.path(), &["--metrics-listen", "127.0.0.1:0"]);
     let metrics_url = server
-        .banner
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("metrics:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("the banner names the metrics endpoint")
-        .to_owned();
+        .metrics_url()
+        .expect("the banner names the metrics endpoint");
     create_streams(&server.endpoint, BASIN, &["s", "otel"]).await;
     let http = client();
     for _ in 0..3 {

@@ -549,6 +549,13 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         .await
         .unwrap();
     assert!(store.renew_lease(a, minute).await.unwrap());
+    // Its owner may claim a stream again (it asks only when a takeover of the stream
+    // failed part way): a new lease epoch, the same log to rebuild from.
+    let again = store.claim_streams(a, &ids[1..2]).await.unwrap();
+    assert_eq!(
+        (again.len(), again[0].lease_epoch, again[0].log),
+        (1, 2, StreamLog::Epoch(a))
+    );
 
     // Node a's lease runs out (renewed to last 0 ms): b takes a stream, with a higher
     // lease epoch and a's log to rebuild from; from then on a can neither renew nor

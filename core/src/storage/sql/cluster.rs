@@ -239,13 +239,13 @@ impl SqlMetadataStore {
             };
             let owner = row.get::<i64, _>("owner") as u64;
             let owner_live = row.get::<Option<i64>, _>("owner_live") == Some(1);
-            if owner == epoch {
-                continue; // already ours
-            }
-            if owner != 0 && owner_live {
+            // Already this node's, yet asked for again: the caller does not serve it, so
+            // an earlier takeover of it failed part way. It is claimed again (a new lease
+            // epoch), and rebuilt from the log the stream's records are still in.
+            if owner != 0 && owner != epoch && owner_live {
                 continue;
             }
-            if owner != 0 {
+            if owner != 0 && owner != epoch {
                 let node_known: Option<i64> =
                     sqlx::query_scalar("SELECT epoch FROM nodes WHERE epoch = $1")
                         .bind(owner as i64)
