@@ -330,10 +330,13 @@ impl Ownership {
         self.metadata
             .commit_takeover(self.epoch(), &committed)
             .await?;
-        drop(compaction);
+        // Served before compaction goes on: a round that began in between would find
+        // the stream's records in this node's log (now the stream's log) but the stream
+        // not served here, and fail.
         for (claim, state) in states {
             self.registry.insert(claim.stream.basin.clone(), state);
         }
+        drop(compaction);
         tracing::info!(
             streams = claims.len(),
             batches = copied,
