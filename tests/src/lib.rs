@@ -322,6 +322,21 @@ impl Server {
             .map(str::to_owned)
     }
 
+    /// What the Prometheus endpoint (with `--metrics-listen`) shows now.
+    pub async fn scrape_metrics(&self) -> String {
+        let url = self
+            .metrics_url()
+            .expect("the banner names the metrics endpoint (--metrics-listen)");
+        client()
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub fn set_env(&mut self, key: &str, value: Option<&str>) {
         self.env.retain(|(k, _)| k != key);
         if let Some(value) = value {
@@ -363,6 +378,14 @@ impl Drop for Server {
 }
 
 /// Sends a request and parses the JSON it answers with, whatever the status.
+/// The value of the sample `series` (name with labels, as Prometheus prints it) in a
+/// scrape's text.
+pub fn prometheus_sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 pub async fn json_of(request: reqwest::RequestBuilder) -> serde_json::Value {
     let response = request.send().await.expect("the server answers");
     response.json().await.expect("a JSON answer")

@@ -975,36 +975,21 @@ async fn a_takeover_that_fails_part_way_is_made_again() {
 
     // Node 1's log holds the failed attempt's copies and the real ones: its compaction
     // takes each batch once and goes on (rounds keep succeeding, none fails).
-    let metrics_url = cluster.nodes[1]
-        .metrics_url()
-        .expect("node 1 serves metrics");
-    let rounds = |outcome: &'static str| {
-        let metrics_url = metrics_url.clone();
-        async move {
-            let text = client()
-                .get(&metrics_url)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            text.lines()
-                .find(|l| {
-                    l.starts_with("streamgate_compaction_rounds_total")
-                        && l.contains(&format!("outcome=\"{outcome}\""))
-                })
-                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        }
+    let rounds = |text: &str, outcome: &str| {
+        let series = format!("streamgate_compaction_rounds_total{{outcome=\"{outcome}\"}}");
+        streamgate_tests::prometheus_sample(text, &series).unwrap_or(0.0)
     };
-    let ok_before = rounds("ok").await;
+    let before = cluster.nodes[1].scrape_metrics().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(rounds("ok").await > ok_before, "node 1 compacts");
+    let after = cluster.nodes[1].scrape_metrics().await;
+    assert!(
+        rounds(&after, "ok") > rounds(&before, "ok"),
+        "node 1 compacts: {after}"
+    );
     assert_eq!(
-        rounds("error").await,
-        0.0,
-        "no compaction round of node 1 failed"
+        rounds(&after, "error"),
+        rounds(&before, "error"),
+        "no compaction round of node 1 failed meanwhile: {after}"
     );
 
     // Node 0, started again once node 1 is gone, rebuilds every stream from node 1's log.

@@ -6,16 +6,10 @@
 use std::time::Duration;
 
 use serde_json::json;
+use streamgate_tests::prometheus_sample as sample;
 use streamgate_tests::{client, create_streams, resp, Server, ROOT_TOKEN};
 
 const BASIN: &str = "operator-basin";
-
-/// The value of the sample `series` (name with labels, as Prometheus prints it).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-}
 
 #[tokio::test]
 async fn requests_stores_and_sessions_are_counted_for_prometheus() {
