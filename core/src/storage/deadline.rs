@@ -222,9 +222,19 @@ impl MetadataStore for Deadlines {
         metadata_call(REQUEST_DEADLINE, "marking the node as leaving", call).await
     }
 
-    async fn release_streams(&self, epoch: u64, stream_ids: &[u64]) -> Result<u64> {
-        let call = self.store.release_streams(epoch, stream_ids);
+    async fn release_streams(
+        &self,
+        epoch: u64,
+        stream_ids: &[u64],
+        to: Option<u64>,
+    ) -> Result<u64> {
+        let call = self.store.release_streams(epoch, stream_ids, to);
         metadata_call(BULK_DEADLINE, "handing stream leases over", call).await
+    }
+
+    async fn streams_owned(&self, epoch: u64) -> Result<Vec<u64>> {
+        let call = self.store.streams_owned(epoch);
+        metadata_call(BULK_DEADLINE, "listing the streams this node holds", call).await
     }
 
     async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>> {

@@ -133,10 +133,15 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// over. Fails with `LeaseLost` if its leases are gone.
     async fn begin_leaving(&self, epoch: u64) -> Result<()>;
     /// Gives up node `epoch`'s leases on those of `stream_ids` it holds, once everything
-    /// it accepted on them is durable in its log: they have no owner, and the next node
-    /// to take one rebuilds it from that log (which is why `log_epoch` stays). How many
-    /// it gave up. Fails with `LeaseLost` if its leases are gone.
-    async fn release_streams(&self, epoch: u64, stream_ids: &[u64]) -> Result<u64>;
+    /// it accepted on them is durable in its log: to node `to`, which must be live and
+    /// not leaving (else nothing is given up), or with `None` to nobody. The node that
+    /// takes one next rebuilds it from that log (which is why `log_epoch` stays). How
+    /// many it gave up. Fails with `LeaseLost` if its leases are gone.
+    async fn release_streams(&self, epoch: u64, stream_ids: &[u64], to: Option<u64>)
+        -> Result<u64>;
+    /// The live streams whose lease node `epoch` holds (served by it, being taken over
+    /// by it, or handed to it by another node).
+    async fn streams_owned(&self, epoch: u64) -> Result<Vec<u64>>;
     /// Every node known, in epoch order.
     async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>>;
     /// The nodes whose lease holds now, in epoch order, with their advertised URLs.
@@ -674,7 +679,53 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         .unwrap();
     let claimed = store.claim_streams(h, &ids[2..]).await.unwrap();
     assert_eq!(claimed.len(), 1);
-    let lease_epoch = claimed[0].lease_epoch;
+    let first_lease = claimed[0].lease_epoch;
+    store
+        .commit_takeover(h, &[(ids[2], first_lease)])
+        .await
+        .unwrap();
+    assert_eq!(store.streams_owned(h).await.unwrap(), [ids[2]]);
+
+    // A node hands a stream to another live node (a fair share for a node that joined):
+    // the lease is the other's at once, the log stays until the other has rebuilt it;
+    // never to a node that has left.
+    assert_eq!(
+        store.release_streams(h, &ids[2..], Some(c2)).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        store.stream_owner(ids[2]).await.unwrap(),
+        StreamOwner::Live {
+            epoch: c2,
+            advertise_url: "http://c".into()
+        }
+    );
+    assert!(store.streams_owned(h).await.unwrap().is_empty());
+    assert!(store.streams_owned(c2).await.unwrap().contains(&ids[2]));
+    let handed = store.claim_streams(c2, &ids[2..]).await.unwrap();
+    assert_eq!(
+        (handed[0].lease_epoch, handed[0].log),
+        (first_lease + 1, StreamLog::Epoch(h))
+    );
+    assert_eq!(
+        store
+            .release_streams(c2, &ids[2..], Some(gone))
+            .await
+            .unwrap(),
+        0,
+        "a node that left takes nothing"
+    );
+    // Handed back before it was rebuilt: its records are still in h's own log.
+    assert_eq!(
+        store.release_streams(c2, &ids[2..], Some(h)).await.unwrap(),
+        1
+    );
+    let back = store.claim_streams(h, &ids[2..]).await.unwrap();
+    assert_eq!(
+        (back[0].lease_epoch, back[0].log),
+        (first_lease + 2, StreamLog::Epoch(h))
+    );
+    let lease_epoch = back[0].lease_epoch;
     store
         .commit_takeover(h, &[(ids[2], lease_epoch)])
         .await
@@ -688,11 +739,11 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         .iter()
         .any(|n| n.epoch == h && n.live && n.leaving));
     assert_eq!(
-        store.release_streams(c2, &ids[2..]).await.unwrap(),
+        store.release_streams(c2, &ids[2..], None).await.unwrap(),
         0,
         "only the owner gives a lease up"
     );
-    assert_eq!(store.release_streams(h, &ids[2..]).await.unwrap(), 1);
+    assert_eq!(store.release_streams(h, &ids[2..], None).await.unwrap(), 1);
     let after_release = CompactionCommit {
         committed_by: Some(h),
         checkpoints: vec![(ids[2], StreamCheckpoint::default())],
@@ -723,7 +774,7 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         (lease_epoch + 1, StreamLog::Epoch(h))
     );
     assert!(matches!(
-        store.release_streams(h, &ids[2..]).await,
+        store.release_streams(h, &ids[2..], None).await,
         Err(Error::LeaseLost)
     ));
 

@@ -879,8 +879,17 @@ impl MetadataStore for SqlMetadataStore {
         self.cluster_begin_leaving(epoch).await
     }
 
-    async fn release_streams(&self, epoch: u64, stream_ids: &[u64]) -> Result<u64> {
-        self.cluster_release(epoch, stream_ids).await
+    async fn release_streams(
+        &self,
+        epoch: u64,
+        stream_ids: &[u64],
+        to: Option<u64>,
+    ) -> Result<u64> {
+        self.cluster_release(epoch, stream_ids, to).await
+    }
+
+    async fn streams_owned(&self, epoch: u64) -> Result<Vec<u64>> {
+        self.cluster_owned(epoch).await
     }
 
     async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>> {

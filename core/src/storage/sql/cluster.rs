@@ -101,9 +101,30 @@ impl SqlMetadataStore {
         tx.commit().await.map_err(db)
     }
 
-    pub(super) async fn cluster_release(&self, epoch: u64, stream_ids: &[u64]) -> Result<u64> {
+    pub(super) async fn cluster_release(
+        &self,
+        epoch: u64,
+        stream_ids: &[u64],
+        to: Option<u64>,
+    ) -> Result<u64> {
         let mut tx = self.write_transaction().await?;
         self.check_intact(&mut tx, epoch).await?;
+        if let Some(to) = to {
+            // Read in the same transaction that hands the leases over: a node that left
+            // or lapsed meanwhile gets none (they would wait out its lease).
+            let target: Option<i64> = sqlx::query_scalar(&self.sql(
+                "SELECT epoch FROM nodes WHERE epoch = $1 AND lease_expires_ms > {now} \
+                 AND leaving = 0 AND leases_lost = 0",
+            ))
+            .bind(to as i64)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db)?;
+            if target.is_none() {
+                return Ok(0);
+            }
+        }
+        let new_owner = to.unwrap_or(0) as i64;
         let mut released = 0;
         for ids in stream_ids.chunks(RELEASES_PER_STATEMENT) {
             // Numbers this node formats itself, so they can go in the text.
@@ -113,9 +134,10 @@ impl SqlMetadataStore {
                 .collect::<Vec<_>>()
                 .join(", ");
             let done = sqlx::query(&format!(
-                "UPDATE stream_leases SET owner = 0 WHERE owner = $1 AND stream_id IN ({list})"
+                "UPDATE stream_leases SET owner = $2 WHERE owner = $1 AND stream_id IN ({list})"
             ))
             .bind(epoch as i64)
+            .bind(new_owner)
             .execute(&mut *tx)
             .await
             .map_err(db)?;
@@ -123,6 +145,18 @@ impl SqlMetadataStore {
         }
         tx.commit().await.map_err(db)?;
         Ok(released)
+    }
+
+    pub(super) async fn cluster_owned(&self, epoch: u64) -> Result<Vec<u64>> {
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT l.stream_id FROM stream_leases l JOIN streams s ON s.id = l.stream_id \
+             WHERE l.owner = $1 AND s.deleted_at_ms IS NULL ORDER BY l.stream_id",
+        )
+        .bind(epoch as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        Ok(ids.into_iter().map(|id| id as u64).collect())
     }
 
     pub(super) async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>> {
