@@ -452,10 +452,10 @@ impl Caller {
         basin: &BasinName,
         name: &StreamName,
     ) -> Result<(Arc<dyn RemoteStreams>, RemoteStream)> {
-        // A forwarded request goes on only from a node that is handing its streams
-        // over (the node that forwarded it looked before the hand-off was recorded);
-        // the node it goes on to never sends it further.
-        if self.forwarded && !self.engine.is_leaving() {
+        // A forwarded request goes on only from a node that handed the stream over
+        // (the node that forwarded it looked before the hand-over was recorded); the
+        // node it goes on to never sends it further.
+        if self.forwarded && !self.engine.forwards_on(basin, name) {
             return Err(Error::OwnedElsewhere { advertise_url });
         }
         match (self.engine.remote(), &self.bearer) {

@@ -344,6 +344,13 @@ impl Engine {
             if taken > 0 {
                 tracing::info!(streams = taken, "took over streams of nodes that are gone");
             }
+            inner.ownership.rebalance().await?;
+        }
+        // Streams handed to this node are rebuilt here even if nobody asks for them,
+        // so their previous owner's log is not held up for them.
+        let taken = inner.ownership.take_owned().await?;
+        if taken > 0 {
+            tracing::info!(streams = taken, "took over streams handed to this node");
         }
         Ok(())
     }
@@ -513,6 +520,14 @@ impl Engine {
     /// Whether this node is shutting down, having handed its streams over.
     pub(crate) fn is_leaving(&self) -> bool {
         self.inner.membership.is_leaving()
+    }
+
+    /// Whether a request another node forwarded here for this stream goes on to the
+    /// stream's owner: only if this node handed the stream over (shutting down, or a
+    /// moment ago for an even share), since the other node looked the owner up before
+    /// the hand-over was recorded.
+    pub(crate) fn forwards_on(&self, basin: &BasinName, name: &StreamName) -> bool {
+        self.is_leaving() || self.inner.ownership.handed_over_recently(basin, name)
     }
 
     /// How many streams this node sequences now.

@@ -7,13 +7,15 @@
 //! then on nothing the previous owner writes (a paused node waking up) is ever read as
 //! part of the stream, and compaction here sees the copied batches like any others.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::appender::Appender;
 use crate::compaction::Compactor;
 use crate::error::{Error, Result};
 use crate::membership::Membership;
+use crate::names::{BasinName, StreamName};
 use crate::record::StreamPosition;
 use crate::registry::StreamRegistry;
 use crate::storage::cluster::{StreamClaim, StreamLog, StreamOwner};
@@ -29,6 +31,14 @@ fn changing_owner() -> Error {
 
 /// Streams claimed per metadata transaction in a bulk takeover.
 const CLAIMS_PER_STEP: usize = 500;
+
+/// Streams handed to another node per rebalancing step, so that each step's pause of
+/// new takeovers (and of the requests for the streams it moves) stays short.
+const MOVES_PER_STEP: usize = 200;
+
+/// How long a request forwarded here for a stream this node has just handed over is
+/// passed on to the new owner (other nodes may have looked the owner up before).
+const FORWARD_AFTER_HAND_OVER: Duration = Duration::from_secs(10);
 
 /// Where a stream without a live owner should be taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +62,8 @@ pub(crate) struct Ownership {
     /// Held (written) while streams are handed to other nodes: a request for one of
     /// them waits until the hand-off is recorded, then finds its new home.
     handing_off: tokio::sync::RwLock<()>,
+    /// Streams this node handed over, and when.
+    handed_over: parking_lot::Mutex<HashMap<(BasinName, StreamName), Instant>>,
 }
 
 impl Ownership {
@@ -72,6 +84,7 @@ impl Ownership {
             compactor,
             takeovers: tokio::sync::Mutex::new(()),
             handing_off: tokio::sync::RwLock::new(()),
+            handed_over: parking_lot::Mutex::new(HashMap::new()),
         }
     }
 
@@ -114,6 +127,9 @@ impl Ownership {
                     None => Err(Error::ServerDraining),
                 };
             }
+            // Handed to this node by another, or a takeover here failed part way: it
+            // is this node's to rebuild, wherever the placement rule would put it.
+            StreamOwner::Live { .. } => {}
             _ if placement == Placement::Balanced => {
                 // Placed by the nodes live now, not as of the last look: a node that
                 // just started must not take every new stream for itself.
@@ -126,7 +142,7 @@ impl Ownership {
             }
             _ => {}
         }
-        self.take(std::slice::from_ref(record)).await?;
+        self.take(&[record.id]).await?;
         match self.registry.get_id(&record.basin, &record.name, record.id) {
             Some(state) => Ok(state),
             // Another node claimed it first.
@@ -141,31 +157,38 @@ impl Ownership {
     }
 
     /// Hands every stream this node sequences to the other nodes, for a shutdown that
-    /// fails no append: each stream is taken out of service here, everything accepted
-    /// on it becomes durable, and then its lease is given up, so the next request for
-    /// it (at any node) has another node take it over from this node's log. Requests
-    /// that arrive meanwhile wait and then go there. How many streams it handed over;
-    /// nothing is handed over when no other node is live. Cancelled part way (the
+    /// fails no append (see `hand_over`); the next request for each (at any node) has
+    /// another node take it over from this node's log. How many streams it handed
+    /// over; nothing is handed over when no other node is live. Cancelled part way (the
     /// caller's time limit), it leaves the streams out of service here and their leases
     /// with this node, which others take from its log once it has left.
     pub async fn hand_off(&self) -> Result<usize> {
         if !self.membership.begin_leaving().await? {
             return Ok(0);
         }
+        self.hand_over(None, None).await
+    }
+
+    /// Hands streams this node sequences (`only` these, or all) to node `to`, or with
+    /// `None` to nobody: each is taken out of service here, everything accepted on it
+    /// becomes durable, and then its lease is given up, so its next owner rebuilds it
+    /// from this node's log. Requests that arrive meanwhile wait and then go there; a
+    /// batch that was waiting for a stream's sequencer is passed on whole. How many it
+    /// handed over. Streams it took out but could not hand over (the store refused, or
+    /// `to` is no longer live) stay this node's: they are rebuilt here from its own
+    /// log on their next request, or by `take_owned`.
+    async fn hand_over(&self, only: Option<&HashSet<u64>>, to: Option<u64>) -> Result<usize> {
         let _no_requests_meanwhile = self.handing_off.write().await;
         let _no_takeovers = self.takeovers.lock().await;
         // No compaction commit may race the release: it would index records of a stream
         // whose new owner rebuilds them from the log.
         let _no_compaction = self.compactor.pause().await;
-        let streams = self.registry.by_id();
-        // Out of the registry first, so a batch refused as moved finds the stream gone.
-        for id in streams.keys() {
-            self.registry.remove_id(*id);
-        }
-        for state in streams.values() {
-            state.mark_moved();
-        }
-        for state in streams.values() {
+        let ids = match only {
+            Some(only) => only.clone(),
+            None => self.registry.ids(),
+        };
+        let moved = self.registry.move_out(&ids);
+        for (_, state) in &moved {
             // Once the sequencer is free, every batch sequenced before the mark is on
             // its way to the log, and none after it.
             // The same for consumer-group ops: the next owner replays them from this
@@ -183,19 +206,118 @@ impl Ownership {
                 Err(err) => return Err(err),
             }
         }
-        let ids: Vec<u64> = streams.keys().copied().collect();
-        self.metadata.release_streams(self.epoch(), &ids).await?;
-        Ok(ids.len())
+        {
+            let now = Instant::now();
+            let mut handed = self.handed_over.lock();
+            handed.retain(|_, at| now.duration_since(*at) < FORWARD_AFTER_HAND_OVER);
+            for (basin, state) in &moved {
+                handed.insert((basin.clone(), state.name.clone()), now);
+            }
+        }
+        let ids: Vec<u64> = moved.iter().map(|(_, state)| state.id).collect();
+        let released = self
+            .metadata
+            .release_streams(self.epoch(), &ids, to)
+            .await?;
+        Ok(released as usize)
     }
 
-    /// Takes over those of `records` that no live node holds: claims them, rebuilds
-    /// them, and serves them from here. How many it took.
-    pub async fn take(&self, records: &[StreamRecord]) -> Result<usize> {
-        let _one_at_a_time = self.takeovers.lock().await;
-        let wanted: Vec<u64> = records
+    /// Whether this node handed the stream over a moment ago: a request another node
+    /// forwarded here for it is passed on to its new owner.
+    pub fn handed_over_recently(&self, basin: &BasinName, name: &StreamName) -> bool {
+        let key = (basin.clone(), name.clone());
+        self.handed_over
+            .lock()
+            .get(&key)
+            .is_some_and(|at| at.elapsed() < FORWARD_AFTER_HAND_OVER)
+    }
+
+    /// One step towards every live node holding its fair share of the streams: a node
+    /// holding more than the node with the fewest (by two or more) hands it some,
+    /// never so many that either ends up past its share. Run by every node on a steady
+    /// beat, this gives a node that joined its share within a few steps, and moves no
+    /// stream once the shares are even. How many streams it handed over.
+    pub async fn rebalance(&self) -> Result<usize> {
+        if self.membership.is_leaving() {
+            return Ok(0);
+        }
+        let nodes = self.metadata.cluster_nodes().await?;
+        let serving: Vec<_> = nodes.iter().filter(|n| n.live && !n.leaving).collect();
+        let Some(me) = serving.iter().find(|n| n.epoch == self.epoch()) else {
+            return Ok(0);
+        };
+        let Some(target) = serving
             .iter()
-            .filter(|r| self.registry.get_id(&r.basin, &r.name, r.id).is_none())
-            .map(|r| r.id)
+            .filter(|n| n.epoch != self.epoch())
+            .min_by_key(|n| (n.streams_owned, n.epoch))
+        else {
+            return Ok(0);
+        };
+        let count = moves_towards_fair_share(
+            me.streams_owned,
+            target.streams_owned,
+            serving.iter().map(|n| n.streams_owned).sum(),
+            serving.len() as u64,
+        )
+        .min(MOVES_PER_STEP as u64) as usize;
+        if count == 0 {
+            return Ok(0);
+        }
+        // Those the placement rule gives the target go first, so ownership and
+        // placement agree where they can.
+        let target_epoch = target.epoch;
+        let mut ids: Vec<u64> = self.registry.ids().into_iter().collect();
+        ids.sort_by_key(|id| {
+            let placed_there = self
+                .membership
+                .placement(*id)
+                .is_some_and(|(epoch, _)| epoch == target_epoch);
+            (!placed_there, *id)
+        });
+        ids.truncate(count);
+        let chosen: HashSet<u64> = ids.into_iter().collect();
+        let handed = self.hand_over(Some(&chosen), Some(target_epoch)).await?;
+        if handed > 0 {
+            tracing::info!(
+                streams = handed,
+                to = %target.advertise_url,
+                "handed streams to a node holding fewer, for an even share"
+            );
+        }
+        Ok(handed)
+    }
+
+    /// Takes over the streams whose lease this node holds but which it does not serve:
+    /// those another node handed it, and any whose takeover here failed part way (or
+    /// whose hand-over from here did). How many it took.
+    pub async fn take_owned(&self) -> Result<usize> {
+        self.membership.check()?;
+        if self.membership.is_leaving() {
+            return Ok(0);
+        }
+        let served = self.registry.ids();
+        let unserved: Vec<u64> = self
+            .metadata
+            .streams_owned(self.epoch())
+            .await?
+            .into_iter()
+            .filter(|id| !served.contains(id))
+            .collect();
+        if unserved.is_empty() {
+            return Ok(0);
+        }
+        self.take(&unserved).await
+    }
+
+    /// Takes over those of the streams `ids` that no other live node holds: claims
+    /// them, rebuilds them, and serves them from here. How many it took.
+    pub async fn take(&self, ids: &[u64]) -> Result<usize> {
+        let _one_at_a_time = self.takeovers.lock().await;
+        let served = self.registry.ids();
+        let wanted: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|id| !served.contains(id))
             .collect();
         let mut taken = 0;
         for ids in wanted.chunks(CLAIMS_PER_STEP) {
@@ -225,12 +347,10 @@ impl Ownership {
         };
         let mut by_log: HashMap<StreamLog, HashMap<u64, StreamReplay>> = HashMap::new();
         for claim in &claims {
-            if claim.log == StreamLog::Epoch(self.epoch()) {
-                return Err(Error::storage(format!(
-                    "stream {} is recorded as in this node's own log but is not served here",
-                    claim.stream.id
-                )));
-            }
+            // A stream may be rebuilt from this node's own log, too: one it handed to a
+            // node that never took it, or whose hand-over from here failed. Its batches
+            // are then copied within the log, and replay and compaction skip the copy
+            // of what they already have.
             let state = checkpoints
                 .get(&claim.stream.id)
                 .map(SequencerState::from)
@@ -359,14 +479,14 @@ impl Ownership {
         let mut taken = 0;
         loop {
             let orphans = self.metadata.orphaned_streams(10_000).await?;
-            let mine: Vec<StreamRecord> = orphans
+            let mine: Vec<u64> = orphans
                 .iter()
                 .filter(|o| {
                     let was_ours = o.previous_identity.as_deref() == Some(identity.as_str());
                     let share = (o.stream.id % nodes as u64) as usize == rank;
                     was_ours || share || (at_start && o.legacy)
                 })
-                .map(|o| o.stream.clone())
+                .map(|o| o.stream.id)
                 .collect();
             if mine.is_empty() {
                 return Ok(taken);
@@ -376,6 +496,87 @@ impl Ownership {
             if took == 0 || orphans.len() < 10_000 {
                 return Ok(taken);
             }
+        }
+    }
+}
+
+/// How many streams a node holding `mine` hands to the node holding the fewest
+/// (`theirs`), when the live nodes hold `total` between `nodes` of them: enough to even
+/// the two out, but neither may end up past its fair share (so that several nodes
+/// handing streams to the same node at once do not overshoot).
+fn moves_towards_fair_share(mine: u64, theirs: u64, total: u64, nodes: u64) -> u64 {
+    if nodes == 0 || mine < theirs + 2 {
+        return 0;
+    }
+    let (floor, ceil) = (total / nodes, total.div_ceil(nodes));
+    ((mine - theirs) / 2)
+        .min(mine.saturating_sub(floor))
+        .min(ceil.saturating_sub(theirs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::moves_towards_fair_share;
+
+    /// Every node takes one step in turn, against the node holding the fewest, until
+    /// no step moves anything; the shares it ends with and the streams it moved.
+    fn settle(mut shares: Vec<u64>) -> (Vec<u64>, u64) {
+        let total: u64 = shares.iter().sum();
+        let mut moved = 0;
+        for _ in 0..100 {
+            let mut any = false;
+            for node in 0..shares.len() {
+                let (fewest, _) = shares
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i != node)
+                    .min_by_key(|(i, s)| (**s, *i))
+                    .unwrap();
+                let n = moves_towards_fair_share(
+                    shares[node],
+                    shares[fewest],
+                    total,
+                    shares.len() as u64,
+                );
+                shares[node] -= n;
+                shares[fewest] += n;
+                moved += n;
+                any |= n > 0;
+            }
+            if !any {
+                return (shares, moved);
+            }
+        }
+        panic!("no fixed point: {shares:?}");
+    }
+
+    #[test]
+    fn a_node_that_joins_gets_its_share_and_only_that_many_streams_move() {
+        let (shares, moved) = settle(vec![500, 500, 0]);
+        assert!(shares.iter().all(|s| (333..=334).contains(s)), "{shares:?}");
+        assert_eq!(moved, 333);
+        let (shares, moved) = settle(vec![1000, 0]);
+        assert_eq!((shares, moved), (vec![500, 500], 500));
+    }
+
+    #[test]
+    fn even_or_nearly_even_shares_move_nothing() {
+        for shares in [vec![4, 4, 3], vec![3, 4, 4], vec![0, 1], vec![0, 0, 0]] {
+            assert_eq!(settle(shares.clone()), (shares, 0));
+        }
+    }
+
+    #[test]
+    fn uneven_shares_end_within_one_of_each_other() {
+        for shares in [
+            vec![10, 0, 0, 0],
+            vec![4, 4, 2],
+            vec![9, 1, 5],
+            vec![2, 0, 0],
+        ] {
+            let (settled, _) = settle(shares);
+            let (min, max) = (settled.iter().min(), settled.iter().max());
+            assert!(max.unwrap() - min.unwrap() <= 1, "{settled:?}");
         }
     }
 }

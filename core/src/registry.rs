@@ -5,7 +5,7 @@
 //! compaction and lifecycle look streams up here. Removing a stream marks its state deleted, so anyone still
 //! holding it (a reader, a waiting append) sees the deletion.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -59,6 +59,28 @@ impl StreamRegistry {
         });
     }
 
+    /// Takes streams out of service here for a hand-over to another node: out of the
+    /// registry first (so an append refused as moved finds them gone and goes to the new
+    /// owner), then marked moved, not deleted: what was sequenced here still becomes
+    /// durable, and the hand-over waits for it. The states it took out.
+    pub fn move_out(&self, ids: &HashSet<u64>) -> Vec<(BasinName, Arc<StreamState>)> {
+        let mut moved = Vec::new();
+        let mut streams = self.streams.write();
+        streams.retain(|(basin, _), state| {
+            if ids.contains(&state.id) {
+                moved.push((basin.clone(), state.clone()));
+                false
+            } else {
+                true
+            }
+        });
+        drop(streams);
+        for (_, state) in &moved {
+            state.mark_moved();
+        }
+        moved
+    }
+
     /// Removes the stream with this id under this name, if it is still the one there.
     pub fn remove(&self, basin: &BasinName, name: &StreamName, id: u64) {
         let key = (basin.clone(), name.clone());
@@ -95,9 +117,50 @@ impl StreamRegistry {
         self.streams.read().len()
     }
 
+    /// The ids of the live streams.
+    pub fn ids(&self) -> HashSet<u64> {
+        self.streams.read().values().map(|s| s.id).collect()
+    }
+
     /// The live streams by id.
     pub fn by_id(&self) -> HashMap<u64, Arc<StreamState>> {
         let streams = self.streams.read();
         streams.values().map(|s| (s.id, s.clone())).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::StreamPosition;
+    use crate::stream::SequencerState;
+
+    fn state(id: u64, name: &str) -> Arc<StreamState> {
+        StreamState::new(
+            id,
+            StreamName::new(name).unwrap(),
+            Default::default(),
+            None,
+            SequencerState::default(),
+            StreamPosition::default(),
+            Vec::new(),
+        )
+    }
+
+    #[test]
+    fn streams_moved_out_are_marked_moved_not_deleted_and_the_rest_stay() {
+        let registry = StreamRegistry::default();
+        let basin = BasinName::new("test-basin").unwrap();
+        let (moving, staying) = (state(1, "moving"), state(2, "staying"));
+        registry.insert(basin.clone(), moving.clone());
+        registry.insert(basin.clone(), staying.clone());
+        let moved = registry.move_out(&[1].into_iter().collect());
+        assert_eq!(moved.len(), 1);
+        assert_eq!((&moved[0].0, moved[0].1.id), (&basin, 1));
+        // Moved, so the hand-over still waits for what it sequenced to be durable.
+        assert!(moving.is_moved() && !moving.is_deleted());
+        assert!(registry.get(&basin, &moving.name).is_none());
+        assert!(registry.get(&basin, &staying.name).is_some());
+        assert!(!staying.is_moved() && !staying.is_deleted());
     }
 }
