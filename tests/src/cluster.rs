@@ -10,7 +10,9 @@ use serde_json::Value;
 use crate::{backends, client, Server};
 
 pub struct Cluster {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    /// What every node's name for the database and its bucket are made from.
+    tag: String,
     pub nodes: Vec<Server>,
 }
 
@@ -23,28 +25,40 @@ impl Cluster {
     /// One node per `postgres://…` server URL (a proxy of its own, say), all on the
     /// same database.
     pub fn start_with_metadata_servers(servers: &[String], flags: &[&str]) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        let tag = format!("{}{}", std::process::id(), rand::rng().random::<u32>());
+        let mut cluster = Cluster {
+            dir: tempfile::tempdir().unwrap(),
+            tag: format!("{}{}", std::process::id(), rand::rng().random::<u32>()),
+            nodes: Vec::new(),
+        };
+        for server in servers {
+            cluster.add_node_through(server, flags);
+        }
+        cluster
+    }
+
+    /// Starts one more node (a node joining the running cluster); its index.
+    pub fn add_node(&mut self, flags: &[&str]) -> usize {
+        self.add_node_through(&backends::postgres_server(), flags)
+    }
+
+    fn add_node_through(&mut self, server: &str, flags: &[&str]) -> usize {
+        let tag = &self.tag;
+        let metadata = format!("{server}/streamgate_test_cluster_{tag}");
         let objects = format!("s3://streamgate-test-cluster-{tag}/records");
         let endpoint = backends::s3_endpoint();
-        let nodes = servers
-            .iter()
-            .enumerate()
-            .map(|(i, server)| {
-                let metadata = format!("{server}/streamgate_test_cluster_{tag}");
-                let mut args = vec![
-                    "--metadata",
-                    &metadata,
-                    "--objects",
-                    &objects,
-                    "--s3-endpoint",
-                    &endpoint,
-                ];
-                args.extend_from_slice(flags);
-                Server::start_with(&dir.path().join(format!("node{i}")), &args)
-            })
-            .collect();
-        Cluster { _dir: dir, nodes }
+        let mut args = vec![
+            "--metadata",
+            &metadata,
+            "--objects",
+            &objects,
+            "--s3-endpoint",
+            &endpoint,
+        ];
+        args.extend_from_slice(flags);
+        let index = self.nodes.len();
+        let data_dir = self.dir.path().join(format!("node{index}"));
+        self.nodes.push(Server::start_with(&data_dir, &args));
+        index
     }
 
     /// The endpoint of node `node` (modulo the number of nodes).

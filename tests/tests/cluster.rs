@@ -13,6 +13,8 @@
 //!   over first: through the other nodes, not one append fails. Afterwards every stream, read from every node,
 //!   holds every acknowledged batch exactly once at its acknowledged position, so no
 //!   position was acknowledged twice.
+//! - A node that joins takes an even share of the streams from the others, with no
+//!   failed append, and loses nothing when it is killed afterwards.
 //! - A node whose start-up takeover outlasts its lease still starts (it renews the
 //!   lease meanwhile), and a takeover that fails part way is made again.
 
@@ -825,6 +827,160 @@ async fn a_node_stopped_with_sigterm_hands_its_streams_over_and_no_append_fails_
     let records = verify(&history, &streams);
     eprintln!("{records} records, every acknowledged one exactly once");
     let mut reader = Connection::open(cluster.nodes[survivor].resp_port, Some(BASIN))
+        .await
+        .unwrap();
+    for stream in &redis_streams {
+        let range = reader.call(&["XRANGE", stream, "-", "+"]).await.unwrap();
+        let values: Vec<u64> = bulk_strings(&range)
+            .iter()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let expected = xadded.get(stream).cloned().unwrap_or_default();
+        assert!(!expected.is_empty(), "XADDs to {stream} were acknowledged");
+        assert_eq!(
+            values, expected,
+            "{stream} holds every acknowledged XADD once, in order"
+        );
+    }
+}
+
+/// The streams each live node holds, by `GET /cluster` of `node`, in epoch order.
+async fn shares(cluster: &Cluster, node: usize) -> Vec<u64> {
+    cluster.view(node).await["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["live"] == true)
+        .map(|n| n["streams_owned"].as_u64().unwrap())
+        .collect()
+}
+
+/// A node that joins a running cluster takes an even share of the streams from the
+/// others while REST writers and XADDs go on through every node: not one append fails,
+/// and once the new node is killed with `kill -9`, every batch acknowledged through any
+/// node (the ones it rebuilt from the others' logs too) is found exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_joins_takes_an_even_share_and_no_append_fails_nor_is_lost_after_a_kill() {
+    const STREAMS: usize = 12;
+    const REDIS_STREAMS: usize = 3;
+    let flags = ["--lease-secs", LEASE_SECS];
+    let mut cluster = Cluster::start(2, &flags);
+    for node in 0..2 {
+        cluster.wait_for_live_nodes(node, 2).await;
+    }
+    let names = stream_names(STREAMS);
+    let redis_streams: Vec<String> = (0..REDIS_STREAMS).map(|r| format!("r{r}")).collect();
+    let refs: Vec<&str> = names
+        .iter()
+        .chain(&redis_streams)
+        .map(String::as_str)
+        .collect();
+    streamgate_tests::create_streams(&cluster.endpoint(0), BASIN, &refs).await;
+    let history = Arc::new(Mutex::new(History::default()));
+    for s in 0..STREAMS {
+        let request = client().post(format!("{}/v1/streams/s{s}/records", cluster.endpoint(0)));
+        let first = send_rest_batch(&history, request, BASIN, (s, format!("first{s}"), 1)).await;
+        assert!(matches!(first, Sent::Acked { .. }));
+    }
+    for stream in &redis_streams {
+        let first = append(&cluster.endpoint(0), stream, &["first".into()]).await;
+        assert!(first.status().is_success());
+    }
+    let total = (STREAMS + REDIS_STREAMS) as u64;
+    let before = shares(&cluster, 0).await;
+    assert_eq!(before.iter().sum::<u64>(), total, "{before:?}");
+
+    let acks_by_stream = Arc::new(Mutex::new(HashMap::new()));
+    let failures: Failures = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let spawn_writer = |node: usize, writer: usize, endpoint: String| {
+        tokio::spawn(write_through(
+            (endpoint, node),
+            writer,
+            STREAMS,
+            history.clone(),
+            (acks_by_stream.clone(), failures.clone()),
+            stop.clone(),
+        ))
+    };
+    let mut writers: Vec<_> = (0..4)
+        .map(|w| spawn_writer(w % 2, w, cluster.endpoint(w % 2)))
+        .collect();
+    let stop_xadds = Arc::new(AtomicBool::new(false));
+    // One connection per node, each to streams of its own (so each stream's order is
+    // known): r0 and r1 through node 0, r2 through node 1.
+    let redis: Vec<_> = [&redis_streams[..2], &redis_streams[2..]]
+        .into_iter()
+        .enumerate()
+        .map(|(node, streams)| {
+            tokio::spawn(xadd_through(
+                cluster.nodes[node].resp_port,
+                streams.to_vec(),
+                stop_xadds.clone(),
+            ))
+        })
+        .collect();
+    every_stream_acknowledges_after(&acks_by_stream, STREAMS, Instant::now(), "start").await;
+
+    // The third node joins; writers go through it too once it is up.
+    let joined_at = Instant::now();
+    let joining = cluster.add_node(&flags);
+    cluster.wait_for_live_nodes(0, 3).await;
+    writers.push(spawn_writer(joining, 4, cluster.endpoint(joining)));
+    let (floor, ceil) = (total / 3, total.div_ceil(3));
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let now = shares(&cluster, 0).await;
+        let served = cluster.view(joining).await["node"]["streams_served"]
+            .as_u64()
+            .unwrap();
+        let even = now.len() == 3 && now.iter().all(|s| (floor..=ceil).contains(s));
+        if even && served == now[2] {
+            eprintln!(
+                "shares {before:?} became {now:?} {:.1} s after the third node started",
+                joined_at.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no even share within 40 s: {now:?}, the new node serves {served}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    every_stream_acknowledges_after(&acks_by_stream, STREAMS, Instant::now(), "shared").await;
+    stop_xadds.store(true, Ordering::SeqCst);
+    let mut xadded: HashMap<String, Vec<u64>> = HashMap::new();
+    for (node, xadds) in redis.into_iter().enumerate() {
+        let (acked, xadd_failures) = xadds.await.unwrap();
+        assert!(
+            xadd_failures.is_empty(),
+            "XADDs through node {node} that failed: {xadd_failures:?}"
+        );
+        for (stream, values) in acked {
+            xadded.entry(stream).or_default().extend(values);
+        }
+    }
+    let failed = failures.lock().unwrap().clone();
+    assert!(failed.is_empty(), "appends that failed: {failed:?}");
+
+    // The new node dies: what it rebuilt from the others' logs and acknowledged since
+    // is all found again by the nodes that stay.
+    let killed_at = Instant::now();
+    cluster.nodes[joining].kill9();
+    every_stream_acknowledges_after(&acks_by_stream, STREAMS, killed_at, "kill -9").await;
+    stop.store(true, Ordering::SeqCst);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let history = std::mem::take(&mut *history.lock().unwrap());
+    let mut streams = Vec::new();
+    for s in 0..STREAMS {
+        streams.push(read_all(&cluster.endpoint(s % 2), BASIN, s).await);
+    }
+    let records = verify(&history, &streams);
+    eprintln!("{records} records, every acknowledged one exactly once");
+    let mut reader = Connection::open(cluster.nodes[1].resp_port, Some(BASIN))
         .await
         .unwrap();
     for stream in &redis_streams {
