@@ -529,6 +529,19 @@ impl Caller {
         }
     }
 
+    /// After `StreamMoved` from `reader` (its stream was handed to another node while
+    /// it was read here): the reader goes on from where it was, at the new owner.
+    pub async fn follow_move(
+        &self,
+        reader: &mut StreamReader,
+        basin: &BasinName,
+        name: &StreamName,
+    ) -> Result<()> {
+        let start = ReadStart::SeqNum(reader.position());
+        *reader = self.open_reader(basin, name, start, true, None).await?;
+        Ok(())
+    }
+
     pub async fn read(
         &self,
         basin: &BasinName,

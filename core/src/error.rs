@@ -134,9 +134,10 @@ pub enum Error {
         "the stream is served by the node at {advertise_url}; send the request there, or retry"
     )]
     OwnedElsewhere { advertise_url: String },
-    /// This node handed the stream to another one (it is shutting down) while the
-    /// request was under way here; nothing of the request was done.
-    #[error("this node handed the stream to another node while shutting down; retry, and the retry reaches the node that serves it now")]
+    /// This node handed the stream to another one (shutting down, or evening out the
+    /// shares of the nodes) while the request was under way here; nothing of the
+    /// request was done. Readers follow the stream instead of failing with it.
+    #[error("this node handed the stream to another node; retry, and the retry reaches the node that serves it now")]
     StreamMoved,
     #[error("{0} is not implemented by this server yet")]
     NotImplemented(String),

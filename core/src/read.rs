@@ -141,6 +141,15 @@ impl StreamReader {
     }
 
     /// Whether every durable record has been read.
+    /// Whether the stream was handed to another node while this reader read it here
+    /// (see `Caller::follow_move`).
+    pub fn has_moved(&self) -> bool {
+        match &self.source {
+            Source::Local(r) => r.state.is_moved(),
+            Source::Remote(_) => false,
+        }
+    }
+
     pub fn at_tail(&self) -> bool {
         self.position() >= self.tail().seq_num
     }

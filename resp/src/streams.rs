@@ -69,6 +69,21 @@ impl<'a> Streams<'a> {
         }
     }
 
+    /// After `StreamMoved` from a wait: every reader whose stream was handed to another
+    /// node goes on from where it was, at the new owner.
+    pub async fn follow_moves<'r>(
+        &self,
+        readers: impl Iterator<Item = (&'r StreamName, &'r mut StreamReader)>,
+    ) -> Result<(), Reply> {
+        for (name, reader) in readers.filter(|(_, reader)| reader.has_moved()) {
+            self.caller
+                .follow_move(reader, self.basin, name)
+                .await
+                .map_err(|err| error_reply(&err))?;
+        }
+        Ok(())
+    }
+
     /// The stream's tail (the default position if it does not exist).
     pub async fn tail(&self, name: &StreamName) -> Result<StreamPosition, Reply> {
         Ok(self

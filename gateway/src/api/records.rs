@@ -214,14 +214,14 @@ pub async fn read(
         let encoder = S2sEncoder {
             compression: Compression::negotiate(&headers),
         };
-        sessions::read::respond(caller, reader, bounds, encoder, drain)
+        sessions::read::respond(caller, (basin, stream, reader), bounds, encoder, drain)
     } else {
         let encoder = SseEncoder {
             format,
             delivered_count: resume.map_or(0, |r| r.count),
             delivered_bytes: resume.map_or(0, |r| r.bytes),
         };
-        sessions::read::respond(caller, reader, bounds, encoder, drain)
+        sessions::read::respond(caller, (basin, stream, reader), bounds, encoder, drain)
     })
 }
 

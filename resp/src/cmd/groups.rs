@@ -888,7 +888,9 @@ pub(crate) async fn xreadgroup(session: &Session, command: &XReadGroup) -> Resul
         let (outcome, _, _) = futures::future::select_all(pending).await;
         match outcome {
             Ok(true) => continue,
-            Ok(false) => {
+            // Handed to another node while waiting (nothing was delivered): answered
+            // like a wait that ran out; the client's next call runs at the new owner.
+            Ok(false) | Err(streamgate_core::Error::StreamMoved) => {
                 return Ok(Answer {
                     reply: Reply::NullArray,
                     durable,

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use streamgate_core::read::ReadStart;
+use streamgate_core::Error;
 
 use super::parse::{id, integer, syntax, upper};
 use super::{Command, MAX_READ_ENTRIES};
@@ -92,7 +93,8 @@ pub(crate) async fn apply(
             ReadFrom::Tail => ReadStart::TailOffset(0),
             ReadFrom::After(id) => ReadStart::SeqNum(streams.seq_from_id(&name, *id, false).await?),
         };
-        readers.push((key.clone(), streams.reader(&name, start).await?));
+        let reader = streams.reader(&name, start).await?;
+        readers.push((key.clone(), name, reader));
     }
     let deadline = match block {
         None => None,
@@ -103,7 +105,7 @@ pub(crate) async fn apply(
     };
     loop {
         let mut results = Vec::new();
-        for (key, reader) in readers.iter_mut() {
+        for (key, _, reader) in readers.iter_mut() {
             if let Some(reader) = reader {
                 let entries = streams.read_entries(reader, per_stream, u64::MAX).await?;
                 if !entries.is_empty() {
@@ -129,7 +131,7 @@ pub(crate) async fn apply(
         // Wait on every stream's tail notifications until one has new entries.
         let waits: Vec<_> = readers
             .iter_mut()
-            .filter_map(|(_, reader)| reader.as_mut())
+            .filter_map(|(_, _, reader)| reader.as_mut())
             .map(|reader| Box::pin(reader.wait_for_records(deadline)))
             .collect();
         if waits.is_empty() {
@@ -143,6 +145,13 @@ pub(crate) async fn apply(
         match outcome {
             Ok(true) => continue,
             Ok(false) => return Ok(Reply::NullArray),
+            // Handed to another node while waiting: the wait goes on there.
+            Err(Error::StreamMoved) => {
+                let moved = readers
+                    .iter_mut()
+                    .filter_map(|(_, name, reader)| Some((&*name, reader.as_mut()?)));
+                streams.follow_moves(moved).await?;
+            }
             Err(err) => return Err(error_reply(&err)),
         }
     }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::response::Response;
 use rand::Rng;
+use streamgate_core::names::{BasinName, StreamName};
 use streamgate_core::read::{ReadBatch, ReadLimits, StreamReader};
 use streamgate_core::record::StreamPosition;
 use streamgate_core::Caller;
@@ -179,13 +180,13 @@ impl ResumeFrom {
 /// Starts the session loop and returns the streaming response.
 pub fn respond<E: SessionEncoder>(
     caller: Caller,
-    reader: StreamReader,
+    reading: (BasinName, StreamName, StreamReader),
     bounds: SessionBounds,
     encoder: E,
     drain: Drain,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(16);
-    tokio::spawn(run(caller, reader, bounds, encoder, drain, tx));
+    tokio::spawn(run(caller, reading, bounds, encoder, drain, tx));
     streaming_response(E::CONTENT_TYPE, rx)
 }
 
@@ -195,7 +196,7 @@ fn heartbeat_delay() -> Duration {
 
 async fn run<E: SessionEncoder>(
     caller: Caller,
-    mut reader: StreamReader,
+    (basin, stream, mut reader): (BasinName, StreamName, StreamReader),
     bounds: SessionBounds,
     mut encoder: E,
     mut drain: Drain,
@@ -220,6 +221,16 @@ async fn run<E: SessionEncoder>(
         // expired while the session is open ends it.
         let (batch, bounded) = match caller.next_batch(&mut reader, limits).await {
             Ok(next) => next,
+            // Handed to another node: the session goes on there, from where it was.
+            Err(streamgate_core::Error::StreamMoved) if reader.has_moved() => {
+                match caller.follow_move(&mut reader, &basin, &stream).await {
+                    Ok(()) => continue,
+                    Err(err) => {
+                        let _ = out.send(encoder.error(&ApiError::from(err))).await;
+                        return;
+                    }
+                }
+            }
             Err(err) => {
                 let _ = out.send(encoder.error(&ApiError::from(err))).await;
                 return;
@@ -258,6 +269,12 @@ async fn run<E: SessionEncoder>(
                 Ok(false) if idle_deadline.is_some_and(|idle| Instant::now() >= idle) => break,
                 Ok(false) => {
                     if out.send(encoder.heartbeat(reader.tail())).await.is_err() {
+                        return;
+                    }
+                }
+                Err(streamgate_core::Error::StreamMoved) if reader.has_moved() => {
+                    if let Err(err) = caller.follow_move(&mut reader, &basin, &stream).await {
+                        let _ = out.send(encoder.error(&ApiError::from(err))).await;
                         return;
                     }
                 }
