@@ -844,6 +844,109 @@ async fn a_node_stopped_with_sigterm_hands_its_streams_over_and_no_append_fails_
     }
 }
 
+/// What an SSE follower got: record bodies in order, and error events.
+#[derive(Default)]
+struct Followed {
+    bodies: Vec<String>,
+    errors: Vec<String>,
+}
+
+/// Follows `stream` through `endpoint` with an SSE read session from its first record
+/// until aborted.
+fn follow_sse(
+    endpoint: String,
+    stream: String,
+) -> (Arc<Mutex<Followed>>, tokio::task::JoinHandle<()>) {
+    let followed = Arc::new(Mutex::new(Followed::default()));
+    let into = followed.clone();
+    let task = tokio::spawn(async move {
+        let mut response = client()
+            .get(format!("{endpoint}/v1/streams/{stream}/records?seq_num=0"))
+            .header("s2-basin", BASIN)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "SSE session on {stream}");
+        let mut text = String::new();
+        while let Ok(Some(chunk)) = response.chunk().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = text.find("\n\n") {
+                let block: String = text.drain(..end + 2).collect();
+                let field = |name: &str| {
+                    block
+                        .lines()
+                        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+                        .unwrap_or("")
+                        .to_owned()
+                };
+                let mut followed = into.lock().unwrap();
+                match field("event").as_str() {
+                    "batch" => {
+                        let batch: Value = serde_json::from_str(&field("data")).unwrap();
+                        for record in batch["records"].as_array().unwrap() {
+                            let body = record["body"].as_str().unwrap_or_default();
+                            followed.bodies.push(body.to_owned());
+                        }
+                    }
+                    "error" => followed.errors.push(field("data")),
+                    _ => {}
+                }
+            }
+        }
+        into.lock().unwrap().errors.push("the session ended".into());
+    });
+    (followed, task)
+}
+
+/// XREAD BLOCK through one node on `streams` until `stop`, each time after the last
+/// entry it got: the values it got per stream, or the first error.
+async fn xread_through(
+    port: u16,
+    streams: Vec<String>,
+    stop: Arc<AtomicBool>,
+) -> Result<HashMap<String, Vec<u64>>, String> {
+    let mut connection = Connection::open(port, Some(BASIN)).await.unwrap();
+    let mut got: HashMap<String, Vec<u64>> = HashMap::new();
+    let mut after: HashMap<String, String> =
+        streams.iter().map(|s| (s.clone(), "0".into())).collect();
+    while !stop.load(Ordering::SeqCst) {
+        let mut args = vec!["XREAD", "BLOCK", "500", "STREAMS"];
+        args.extend(streams.iter().map(String::as_str));
+        let ids: Vec<String> = streams.iter().map(|s| after[s].clone()).collect();
+        args.extend(ids.iter().map(String::as_str));
+        let reply = connection.call(&args).await.map_err(|e| e.to_string())?;
+        let Reply::Array(Some(per_stream)) = reply else {
+            match reply {
+                Reply::Array(None) => continue,
+                other => return Err(format!("{other:?}")),
+            }
+        };
+        for item in per_stream {
+            let Reply::Array(Some(pair)) = item else {
+                continue;
+            };
+            let [Reply::Bulk(Some(key)), Reply::Array(Some(entries))] = &pair[..] else {
+                return Err(format!("unexpected XREAD reply {pair:?}"));
+            };
+            let key = String::from_utf8_lossy(key).into_owned();
+            for entry in entries {
+                let Reply::Array(Some(parts)) = entry else {
+                    continue;
+                };
+                if let Some(Reply::Bulk(Some(id))) = parts.first() {
+                    after.insert(key.clone(), String::from_utf8_lossy(id).into_owned());
+                }
+                let values = bulk_strings(entry);
+                if let Some(v) = values.last().and_then(|v| v.parse().ok()) {
+                    got.entry(key.clone()).or_default().push(v);
+                }
+            }
+        }
+    }
+    Ok(got)
+}
+
 /// The streams each live node holds, by `GET /cluster` of `node`, in epoch order.
 async fn shares(cluster: &Cluster, node: usize) -> Vec<u64> {
     cluster.view(node).await["nodes"]
@@ -921,6 +1024,21 @@ async fn a_node_that_joins_takes_an_even_share_and_no_append_fails_nor_is_lost_a
         })
         .collect();
     every_stream_acknowledges_after(&acks_by_stream, STREAMS, Instant::now(), "start").await;
+    // Readers that follow every stream through the first two nodes, across the moves:
+    // an SSE session per REST stream, and an XREAD BLOCK loop per node.
+    let followers: Vec<_> = (0..STREAMS)
+        .map(|s| follow_sse(cluster.endpoint(s % 2), format!("s{s}")))
+        .collect();
+    let stop_xreads = Arc::new(AtomicBool::new(false));
+    let xreads: Vec<_> = (0..2)
+        .map(|node| {
+            tokio::spawn(xread_through(
+                cluster.nodes[node].resp_port,
+                redis_streams.clone(),
+                stop_xreads.clone(),
+            ))
+        })
+        .collect();
 
     // The third node joins; writers go through it too once it is up.
     let joined_at = Instant::now();
@@ -963,6 +1081,48 @@ async fn a_node_that_joins_takes_an_even_share_and_no_append_fails_nor_is_lost_a
     }
     let failed = failures.lock().unwrap().clone();
     assert!(failed.is_empty(), "appends that failed: {failed:?}");
+    // Every follower catches up with what was acknowledged by now, with no error.
+    let mut tails = Vec::new();
+    for s in 0..STREAMS {
+        tails.push(tail(&cluster.endpoint(0), &format!("s{s}")).await as usize);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for (s, (followed, _)) in followers.iter().enumerate() {
+        loop {
+            let (got, errors) = {
+                let followed = followed.lock().unwrap();
+                (followed.bodies.len(), followed.errors.clone())
+            };
+            assert!(errors.is_empty(), "SSE follower of s{s}: {errors:?}");
+            if got >= tails[s] {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the SSE follower of s{s} got {got} of {} records",
+                tails[s]
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for (_, task) in &followers {
+        task.abort();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop_xreads.store(true, Ordering::SeqCst);
+    for (node, xread) in xreads.into_iter().enumerate() {
+        let got = xread
+            .await
+            .unwrap()
+            .unwrap_or_else(|err| panic!("XREAD BLOCK through node {node}: {err}"));
+        for stream in &redis_streams {
+            assert_eq!(
+                got.get(stream),
+                xadded.get(stream),
+                "XREAD BLOCK through node {node} got every XADD to {stream} once, in order"
+            );
+        }
+    }
 
     // The new node dies: what it rebuilt from the others' logs and acknowledged since
     // is all found again by the nodes that stay.
@@ -980,6 +1140,15 @@ async fn a_node_that_joins_takes_an_even_share_and_no_append_fails_nor_is_lost_a
     }
     let records = verify(&history, &streams);
     eprintln!("{records} records, every acknowledged one exactly once");
+    for (s, (followed, _)) in followers.iter().enumerate() {
+        let stored = bodies_of(&cluster.endpoint(s % 2), &format!("s{s}")).await;
+        let followed = &followed.lock().unwrap().bodies;
+        assert_eq!(
+            followed[..],
+            stored[..followed.len().min(stored.len())],
+            "the SSE follower of s{s} got the stream's records in order, none twice"
+        );
+    }
     let mut reader = Connection::open(cluster.nodes[1].resp_port, Some(BASIN))
         .await
         .unwrap();
