@@ -88,6 +88,11 @@ const CHANGE_CLOCK_SLACK_MS: i64 = 5_000;
 /// it, the shutdown goes on without, so `SIGTERM` always stops the node.
 const HAND_OFF_LIMIT: Duration = Duration::from_secs(15);
 
+/// The pauses between attempts to take this node's streams back at start while a store
+/// is away: the first, and the longest.
+const START_RETRY_FIRST: Duration = Duration::from_millis(500);
+const START_RETRY_MAX: Duration = Duration::from_secs(10);
+
 /// The least time obsolete objects stay after the commit that made them obsolete.
 const MIN_OBSOLETE_GRACE: Duration = Duration::from_secs(5);
 
@@ -249,8 +254,10 @@ impl Engine {
         // take longer than a lease, and a lease that lapsed meanwhile would refuse it
         // (the task ends by itself if start-up fails and the engine is dropped).
         let renewals = engine.spawn_renewals();
-        let taken = engine.inner.ownership.take_orphans(true).await?;
-        engine.retire_legacy_logs().await?;
+        let taken = engine.take_back_at_start().await?;
+        if let Err(err) = engine.retire_legacy_logs().await {
+            tracing::warn!(error = %err, "could not delete the logs from before clusters; trying again at the next start");
+        }
         tracing::info!(
             epoch,
             streams = taken,
@@ -282,6 +289,36 @@ impl Engine {
         ];
         *engine.inner.background.lock() = background;
         Ok(engine)
+    }
+
+    /// Takes back the streams this node held before it started (and its share of those
+    /// nobody holds). A store that is away meanwhile (`Unavailable`: S3 or PostgreSQL
+    /// not answering) is waited for, the takeover tried again with a growing pause,
+    /// rather than ending the process: what a failed attempt did is made again by the
+    /// next (see `Ownership::take`). Other failures (a damaged log, a lost lease) end
+    /// the start-up with their error.
+    async fn take_back_at_start(&self) -> Result<usize> {
+        let mut pause = START_RETRY_FIRST;
+        let ownership = &self.inner.ownership;
+        loop {
+            // Streams a failed attempt claimed are this node's already: `take_owned`
+            // takes them on the next.
+            let attempt =
+                async { Ok(ownership.take_orphans(true).await? + ownership.take_owned().await?) };
+            match attempt.await {
+                Err(Error::Unavailable(reason)) => {
+                    tracing::warn!(
+                        %reason,
+                        retry_in_ms = pause.as_millis() as u64,
+                        "could not take back this node's streams at start: a store is away; \
+                         waiting for it (nothing is served until then)"
+                    );
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(START_RETRY_MAX);
+                }
+                outcome => return outcome,
+            }
+        }
     }
 
     /// Renews this node's lease on a steady beat, apart from every other task so that

@@ -214,7 +214,14 @@ impl Ownership {
                 handed.insert((basin.clone(), state.name.clone()), now);
             }
         }
-        let ids: Vec<u64> = moved.iter().map(|(_, state)| state.id).collect();
+        let mut ids: Vec<u64> = moved.iter().map(|(_, state)| state.id).collect();
+        if only.is_none() {
+            // Also those handed to this node that it has not rebuilt yet (nothing of
+            // them is in flight here): else they would wait out this node's lease.
+            let served: HashSet<u64> = ids.iter().copied().collect();
+            let owned = self.metadata.streams_owned(self.epoch()).await?;
+            ids.extend(owned.into_iter().filter(|id| !served.contains(id)));
+        }
         let released = self
             .metadata
             .release_streams(self.epoch(), &ids, to)
@@ -333,6 +340,7 @@ impl Ownership {
 
     /// Rebuilds claimed streams into this node's log and starts serving them.
     async fn rebuild(&self, claims: Vec<StreamClaim>) -> Result<()> {
+        crate::crash_point::pause_point("takeover-claimed").await;
         let mut compaction = self.compactor.pause().await;
         let checkpoints = if claims.len() > 16 {
             self.metadata.stream_checkpoints().await?

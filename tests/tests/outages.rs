@@ -13,6 +13,9 @@
 //!
 //! Afterwards the server is killed with `kill -9` and restarted, and every acknowledged
 //! record must be present exactly once at its position, and every refused one absent.
+//!
+//! A store that goes away while a restarted server takes its streams back is waited
+//! for: the server starts once the store is back, with every acknowledged record.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -607,4 +610,60 @@ fn count_files(dir: &std::path::Path) -> usize {
             }
         })
         .sum()
+}
+
+/// The object store goes away while a node restarted after `kill -9` takes its streams
+/// back (a test hook holds the takeover for 6 s after the store was first reached): the
+/// node waits for the store, retrying, instead of exiting, and once the store is back
+/// it starts with every acknowledged record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_away_during_start_up_is_waited_for() {
+    // When the store goes away after the restart (the node reached it at start long
+    // before), and for how long.
+    const AWAY_FROM: Duration = Duration::from_secs(3);
+    const AWAY_FOR: Duration = Duration::from_secs(8);
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = format!("streamgate-test-start-outage-{}", std::process::id());
+    let (proxy, mut server) = server_with_objects_behind_proxy(
+        &streamgate_tests::backends::s3_endpoint(),
+        dir.path(),
+        &bucket,
+    )
+    .await;
+    create_test_streams(&server).await;
+    let log = SharedLog::default();
+    let client = streamgate_tests::client();
+    for n in 0..30 {
+        let batch = format!("b{n}");
+        let outcome = rest_append(&client, &server.endpoint, n % STREAMS, batch, &log).await;
+        assert!(matches!(outcome, Outcome::Acked), "append {n}");
+    }
+    server.kill9();
+    server.set_env("STREAMGATE_PAUSE_AT", Some("takeover-claimed:6000"));
+    let proxy = Arc::new(proxy);
+    let store = proxy.clone();
+    let outage = tokio::spawn(async move {
+        tokio::time::sleep(AWAY_FROM).await;
+        store.set(Mode::Refuse);
+        tokio::time::sleep(AWAY_FOR).await;
+        store.set(Mode::Forward);
+    });
+    let restarting = Instant::now();
+    tokio::task::block_in_place(|| server.restart());
+    let waited = restarting.elapsed();
+    outage.await.unwrap();
+    assert!(
+        waited >= AWAY_FROM + AWAY_FOR,
+        "the node started {waited:?} after the restart, before the store was back"
+    );
+    eprintln!(
+        "started {:.1} s after the restart, the store away from {AWAY_FROM:?} for {AWAY_FOR:?}",
+        waited.as_secs_f64()
+    );
+    let mut streams = Vec::new();
+    for s in 0..STREAMS {
+        streams.push(read_all(&server.endpoint, BASIN, s).await);
+    }
+    let records = verify(&log.lock().unwrap().history, &streams);
+    assert_eq!(records, 30);
 }
