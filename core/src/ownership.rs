@@ -109,51 +109,48 @@ impl Ownership {
         if let Some(state) = self.registry.get_id(&record.basin, &record.name, record.id) {
             return Ok(state);
         }
-        match self.metadata.stream_owner(record.id).await? {
-            StreamOwner::Live {
-                epoch,
-                advertise_url,
-            } if epoch != self.epoch() => return Err(Error::OwnedElsewhere { advertise_url }),
-            // Still this node's: its hand-off failed; others take it once this node
-            // has left.
-            StreamOwner::Live { .. } if self.membership.is_leaving() => {
-                return Err(changing_owner())
-            }
-            _ if self.membership.is_leaving() => {
-                // Shutting down: the stream goes to one of the nodes that stay.
-                self.membership.refresh_live_nodes().await?;
-                return match self.membership.placement(record.id) {
-                    Some((_, advertise_url)) => Err(Error::OwnedElsewhere { advertise_url }),
-                    None => Err(Error::ServerDraining),
-                };
-            }
-            // Handed to this node by another, or a takeover here failed part way: it
-            // is this node's to rebuild, wherever the placement rule would put it.
-            StreamOwner::Live { .. } => {}
-            _ if placement == Placement::Balanced => {
-                // Placed by the nodes live now, not as of the last look: a node that
-                // just started must not take every new stream for itself.
-                self.membership.refresh_live_nodes().await?;
-                if let Some((epoch, advertise_url)) = self.membership.placement(record.id) {
-                    if epoch != self.epoch() {
-                        return Err(Error::OwnedElsewhere { advertise_url });
-                    }
-                }
-            }
-            _ => {}
-        }
-        self.take(&[record.id]).await?;
-        match self.registry.get_id(&record.basin, &record.name, record.id) {
-            Some(state) => Ok(state),
-            // Another node claimed it first.
-            None => match self.metadata.stream_owner(record.id).await? {
+        // Twice at most: a take that finds the stream claimed by another node meanwhile,
+        // or this node starting to leave, looks again at who holds it now.
+        for _ in 0..2 {
+            match self.metadata.stream_owner(record.id).await? {
                 StreamOwner::Live {
                     epoch,
                     advertise_url,
-                } if epoch != self.epoch() => Err(Error::OwnedElsewhere { advertise_url }),
-                _ => Err(changing_owner()),
-            },
+                } if epoch != self.epoch() => return Err(Error::OwnedElsewhere { advertise_url }),
+                // Still this node's: its hand-off failed; others take it once this node
+                // has left.
+                StreamOwner::Live { .. } if self.membership.is_leaving() => {
+                    return Err(changing_owner())
+                }
+                _ if self.membership.is_leaving() => {
+                    // Shutting down: the stream goes to one of the nodes that stay.
+                    self.membership.refresh_live_nodes().await?;
+                    return match self.membership.placement(record.id) {
+                        Some((_, advertise_url)) => Err(Error::OwnedElsewhere { advertise_url }),
+                        None => Err(Error::ServerDraining),
+                    };
+                }
+                // Handed to this node by another, or a takeover here failed part way: it
+                // is this node's to rebuild, wherever the placement rule would put it.
+                StreamOwner::Live { .. } => {}
+                _ if placement == Placement::Balanced => {
+                    // Placed by the nodes live now, not as of the last look: a node that
+                    // just started must not take every new stream for itself.
+                    self.membership.refresh_live_nodes().await?;
+                    if let Some((epoch, advertise_url)) = self.membership.placement(record.id) {
+                        if epoch != self.epoch() {
+                            return Err(Error::OwnedElsewhere { advertise_url });
+                        }
+                    }
+                }
+                _ => {}
+            }
+            self.take(&[record.id]).await?;
+            if let Some(state) = self.registry.get_id(&record.basin, &record.name, record.id) {
+                return Ok(state);
+            }
         }
+        Err(changing_owner())
     }
 
     /// Hands every stream this node sequences to the other nodes, for a shutdown that
@@ -163,10 +160,14 @@ impl Ownership {
     /// caller's time limit), it leaves the streams out of service here and their leases
     /// with this node, which others take from its log once it has left.
     pub async fn hand_off(&self) -> Result<usize> {
+        // Held from before this node counts as leaving: a request for a stream either
+        // got its way before (a takeover it made is handed off with the rest), or
+        // finds the hand-off done.
+        let settled = self.handing_off.write().await;
         if !self.membership.begin_leaving().await? {
             return Ok(0);
         }
-        self.hand_over(None, None).await
+        self.hand_over_settled(settled, None, None).await
     }
 
     /// Hands streams this node sequences (`only` these, or all) to node `to`, or with
@@ -178,7 +179,18 @@ impl Ownership {
     /// `to` is no longer live) stay this node's: they are rebuilt here from its own
     /// log on their next request, or by `take_owned`.
     async fn hand_over(&self, only: Option<&HashSet<u64>>, to: Option<u64>) -> Result<usize> {
-        let _no_requests_meanwhile = self.handing_off.write().await;
+        let settled = self.handing_off.write().await;
+        self.hand_over_settled(settled, only, to).await
+    }
+
+    /// `hand_over`, holding `handing_off` already: no request looks for a stream's
+    /// owner meanwhile.
+    async fn hand_over_settled(
+        &self,
+        _no_requests_meanwhile: tokio::sync::RwLockWriteGuard<'_, ()>,
+        only: Option<&HashSet<u64>>,
+        to: Option<u64>,
+    ) -> Result<usize> {
         let _no_takeovers = self.takeovers.lock().await;
         // No compaction commit may race the release: it would index records of a stream
         // whose new owner rebuilds them from the log.
@@ -320,6 +332,10 @@ impl Ownership {
     /// them, rebuilds them, and serves them from here. How many it took.
     pub async fn take(&self, ids: &[u64]) -> Result<usize> {
         let _one_at_a_time = self.takeovers.lock().await;
+        // A take that waited for a hand-off on shutdown takes nothing after it.
+        if self.membership.is_leaving() {
+            return Ok(0);
+        }
         let served = self.registry.ids();
         let wanted: Vec<u64> = ids
             .iter()
