@@ -13,7 +13,8 @@
 //!    stream, through the node that sequences it and through another node.
 //! 3. Metadata load: PostgreSQL transactions per second per node while the cluster is
 //!    idle, with 10, 1,000 and 10,000 streams held across the nodes (every statement
-//!    outside a transaction is one).
+//!    outside a transaction is one). Then a fourth node joins: the time until the four
+//!    hold even shares and the new one serves its own.
 //! 4. Throughput: 16 clients appending 64 KiB batches to 16 streams for `--seconds`,
 //!    through one node of a cluster of one and spread over the nodes of a cluster of
 //!    three.
@@ -336,7 +337,7 @@ fn commits(database: &str) -> u64 {
 }
 
 async fn metadata_load() {
-    let cluster = Cluster::start(3, &[]);
+    let mut cluster = Cluster::start(3, &[]);
     for node in 0..3 {
         cluster.wait_for_live_nodes(node, 3).await;
     }
@@ -373,6 +374,43 @@ async fn metadata_load() {
             "{target} streams (held per node: {owned:?}): {:.1} transactions/s per node",
             (after - before) as f64 / window.as_secs_f64() / 3.0
         );
+    }
+    join_of_a_fourth_node(&mut cluster, created as u64).await;
+}
+
+/// A fourth node joins the cluster holding `streams`: how long until every node holds
+/// an even share (by `GET /cluster`), and until the new node serves all of its share.
+async fn join_of_a_fourth_node(cluster: &mut Cluster, streams: u64) {
+    let started = Instant::now();
+    let joined = cluster.add_node(&[]);
+    let (floor, ceil) = (streams / 4, streams.div_ceil(4));
+    let deadline = started + Duration::from_secs(300);
+    loop {
+        let view = cluster.view(0).await;
+        let shares: Vec<u64> = view["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["live"] == true)
+            .map(|n| n["streams_owned"].as_u64().unwrap_or(0))
+            .collect();
+        let served = cluster.view(joined).await["node"]["streams_served"]
+            .as_u64()
+            .unwrap_or(0);
+        let even = shares.len() == 4 && shares.iter().all(|s| (floor..=ceil).contains(s));
+        if even && Some(&served) == shares.last() {
+            println!(
+                "a fourth node joined the {streams} streams: even shares {shares:?}, all served, \
+                 {:.1} s after it was started",
+                started.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        if Instant::now() > deadline {
+            println!("a fourth node did not get an even share within 300 s: {shares:?}, serving {served}");
+            std::process::exit(1);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
