@@ -75,6 +75,10 @@ pub async fn serve(
         .max_concurrent_streams(Some(10_000))
         .keep_alive_interval(Some(Duration::from_secs(20)));
     let graceful = GracefulShutdown::new();
+    // Connections still in their handshake when the drain starts are closed at once:
+    // their clients have sent no request yet, and the drain would otherwise wait out
+    // `HANDSHAKE_TIMEOUT` for a silent one (a pooled connection a client opened ahead).
+    let (stop_handshakes, stopping) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -93,26 +97,14 @@ pub async fn serve(
                 };
                 let _ = socket.set_nodelay(true);
                 let (tls, builder, watcher) = (tls.clone(), builder.clone(), graceful.watcher());
-                let service = service_for(&app, peer);
+                let (app, mut stopping) = (app.clone(), stopping.clone());
                 // The handshake runs in its own task so a slow client cannot stall accepts.
                 tokio::spawn(async move {
-                    match tls {
-                        None => {
-                            if !speaks_within_deadline(&socket).await {
-                                tracing::debug!(%peer, "connection closed: nothing sent within the handshake timeout");
-                                return;
-                            }
-                            let connection = builder.serve_connection_with_upgrades(TokioIo::new(socket), service);
-                            spawn_connection(watcher.watch(connection.into_owned()), slot);
+                    tokio::select! {
+                        () = handshake_then_serve(socket, peer, tls, builder, app, watcher, slot) => {}
+                        _ = stopping.wait_for(|stopping| *stopping) => {
+                            tracing::debug!(%peer, "connection closed in its handshake: the server is draining");
                         }
-                        Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(socket)).await {
-                            Ok(Ok(stream)) => {
-                                let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                                spawn_connection(watcher.watch(connection.into_owned()), slot);
-                            }
-                            Ok(Err(err)) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
-                            Err(_) => tracing::debug!(%peer, "TLS handshake did not finish within the handshake timeout"),
-                        },
                     }
                 });
             }
@@ -120,11 +112,48 @@ pub async fn serve(
         }
     }
     drop(listener);
+    let _ = stop_handshakes.send(true);
     if tokio::time::timeout(drain_timeout, graceful.shutdown())
         .await
         .is_err()
     {
         tracing::warn!("some connections did not finish within {drain_timeout:?}; closing them");
+    }
+}
+
+/// Waits for a new connection's client to show it speaks HTTP (and for its TLS
+/// handshake), then serves the connection under the graceful drain's `watcher`.
+async fn handshake_then_serve(
+    socket: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    builder: auto::Builder<TokioExecutor>,
+    app: Router,
+    watcher: hyper_util::server::graceful::Watcher,
+    slot: ConnectionSlot,
+) {
+    let service = service_for(&app, peer);
+    match tls {
+        None => {
+            if !speaks_within_deadline(&socket).await {
+                tracing::debug!(%peer, "connection closed: nothing sent within the handshake timeout");
+                return;
+            }
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(socket), service);
+            spawn_connection(watcher.watch(connection.into_owned()), slot);
+        }
+        Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(socket)).await {
+            Ok(Ok(stream)) => {
+                let connection =
+                    builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                spawn_connection(watcher.watch(connection.into_owned()), slot);
+            }
+            Ok(Err(err)) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
+            Err(_) => tracing::debug!(
+                %peer,
+                "TLS handshake did not finish within the handshake timeout"
+            ),
+        },
     }
 }
 

@@ -553,6 +553,40 @@ async fn silent_and_slow_clients_are_cut_off_while_others_are_served() {
     still_serving(&server).await;
 }
 
+/// Connections that have not yet shown which HTTP they speak (silent ones, half a
+/// preface) hold no request, so a drain closes them at once rather than waiting out
+/// their handshake time (10 s). A cluster node's SIGTERM waited for exactly that when a
+/// peer or client had opened a connection ahead of use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_does_not_wait_for_connections_that_sent_nothing() {
+    let (_dir, mut server) = start(&[]).await;
+    let address = address(&server.endpoint);
+    let mut silent = TcpStream::connect(&address).await.unwrap();
+    let mut preface = TcpStream::connect(&address).await.unwrap();
+    preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    // Both are past accept and in their handshake once a request after them is served.
+    still_serving(&server).await;
+    let signalled = std::time::Instant::now();
+    let (server, code) = tokio::task::spawn_blocking(move || {
+        let code = server.terminate();
+        (server, code)
+    })
+    .await
+    .unwrap();
+    let took = signalled.elapsed();
+    assert_eq!(code, Some(0), "a drained server exits cleanly");
+    // The handshake time is 10 s; a drain that waited for it takes at least that long.
+    assert!(
+        took < Duration::from_secs(8),
+        "the drain waited {took:?} for connections that sent nothing"
+    );
+    for (what, socket) in [("silent", &mut silent), ("half a preface", &mut preface)] {
+        let answer = read_until(socket, |_| false).await;
+        assert!(answer.is_empty(), "{what}: {answer:?}");
+    }
+    drop(server);
+}
+
 #[tokio::test]
 async fn connections_past_the_limit_are_refused_until_others_close() {
     let (_dir, server) = start(&["--max-connections", "6"]).await;
