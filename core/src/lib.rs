@@ -42,6 +42,7 @@ mod lifecycle;
 mod membership;
 pub mod metrics;
 pub mod names;
+mod owner_cache;
 mod ownership;
 pub mod read;
 pub mod record;
