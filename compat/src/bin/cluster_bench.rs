@@ -2,6 +2,7 @@
 //! PostgreSQL database and one S3 bucket (moto). Prints numbers; asserts nothing.
 //!
 //!   cargo run --release -p streamgate-compat --bin cluster_bench -- [--lease-secs N]
+//!       [--only failover,hand-off,forwarding,metadata-load,throughput]
 //!
 //! 1. Failover: three nodes at the lease time given (default: streamgate's default, 10
 //!    s); one client per stream appends through a node other than the victim; the
@@ -9,8 +10,9 @@
 //!    kill to its first acknowledged append.
 //!    Then the same with `SIGTERM`: the victim hands its streams over before it stops,
 //!    and the appends that were not acknowledged are counted too.
-//! 2. Forwarding overhead: one client appends 1-record batches one at a time to one
-//!    stream, through the node that sequences it and through another node.
+//! 2. Forwarding overhead: one client makes check-tails (no storage: the hop alone),
+//!    then 1-record appends, one at a time on one stream, through the node that
+//!    sequences it and through another node by turns.
 //! 3. Metadata load: PostgreSQL transactions per second per node while the cluster is
 //!    idle, with 10, 1,000 and 10,000 streams held across the nodes (every statement
 //!    outside a transaction is one). Then a fourth node joins: the time until the four
@@ -40,12 +42,25 @@ struct Args {
     /// Lease time of the nodes in the failover measurement.
     #[arg(long, default_value_t = 10)]
     lease_secs: u64,
-    /// Appends per path in the forwarding measurement.
+    /// Calls per path (check-tails, then appends) in the forwarding measurement.
     #[arg(long, default_value_t = 2000)]
-    appends: usize,
+    calls: usize,
+    /// Run only these measurements (all of them by default).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Phase>,
     /// Length of each throughput phase.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+}
+
+/// The measurements, in the order they run.
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum Phase {
+    Failover,
+    HandOff,
+    Forwarding,
+    MetadataLoad,
+    Throughput,
 }
 
 const BASIN: &str = "bench-cluster";
@@ -68,30 +83,41 @@ async fn main() {
         std::process::exit(1);
     }
     let lease = args.lease_secs.to_string();
+    let runs = |phase: Phase| args.only.is_empty() || args.only.contains(&phase);
 
-    println!(
-        "== failover: kill -9 of one of three nodes, lease {} s",
-        args.lease_secs
-    );
-    node_loss(&lease, Loss::Kill).await;
-    println!(
-        "== hand-off: SIGTERM of one of three nodes, lease {} s",
-        args.lease_secs
-    );
-    node_loss(&lease, Loss::Terminate).await;
-    println!("== forwarding: one client, 1-record appends one at a time");
-    forwarding(args.appends).await;
-    println!("== metadata load of an idle cluster of three nodes");
-    metadata_load().await;
-    println!(
-        "== throughput: 16 clients, 64 KiB batches, {} s, records on S3 (moto)",
-        args.seconds
-    );
-    for nodes in [1, 3] {
-        let cluster = Cluster::start(nodes, &[]);
-        setup_basin(&cluster).await;
-        let (mib_s, appends) = throughput(&cluster, args.seconds).await;
-        println!("{nodes} node(s): {mib_s:.1} MiB/s acknowledged ({appends} appends)");
+    if runs(Phase::Failover) {
+        println!(
+            "== failover: kill -9 of one of three nodes, lease {} s",
+            args.lease_secs
+        );
+        node_loss(&lease, Loss::Kill).await;
+    }
+    if runs(Phase::HandOff) {
+        println!(
+            "== hand-off: SIGTERM of one of three nodes, lease {} s",
+            args.lease_secs
+        );
+        node_loss(&lease, Loss::Terminate).await;
+    }
+    if runs(Phase::Forwarding) {
+        println!("== forwarding: one client, one call at a time, through the owner and another node by turns");
+        forwarding(args.calls).await;
+    }
+    if runs(Phase::MetadataLoad) {
+        println!("== metadata load of an idle cluster of three nodes");
+        metadata_load().await;
+    }
+    if runs(Phase::Throughput) {
+        println!(
+            "== throughput: 16 clients, 64 KiB batches, {} s, records on S3 (moto)",
+            args.seconds
+        );
+        for nodes in [1, 3] {
+            let cluster = Cluster::start(nodes, &[]);
+            setup_basin(&cluster).await;
+            let (mib_s, appends) = throughput(&cluster, args.seconds).await;
+            println!("{nodes} node(s): {mib_s:.1} MiB/s acknowledged ({appends} appends)");
+        }
     }
 }
 
@@ -280,7 +306,7 @@ async fn node_loss(lease: &str, loss: Loss) {
     );
 }
 
-async fn forwarding(appends: usize) {
+async fn forwarding(calls: usize) {
     let cluster = Cluster::start(3, &[]);
     for node in 0..3 {
         cluster.wait_for_live_nodes(node, 3).await;
@@ -291,29 +317,78 @@ async fn forwarding(appends: usize) {
         .await
         .expect("an append");
     let owner = cluster.node_at(&served_by).expect("a node of the cluster");
-    for (what, node) in [
-        ("through its owner", owner),
-        ("through another node", owner + 1),
-    ] {
-        let endpoint = cluster.endpoint(node);
+    let paths = [cluster.endpoint(owner), cluster.endpoint((owner + 1) % 3)];
+    for (what, call) in [("check-tail", Call::CheckTail), ("append", Call::Append)] {
         // Warm the connections up first.
         for _ in 0..100 {
-            append(&http, &endpoint, "fw", &["w".into()]).await;
+            for endpoint in &paths {
+                call.make(&http, endpoint).await;
+            }
         }
-        let mut latencies = Vec::with_capacity(appends);
-        for _ in 0..appends {
-            let started = Instant::now();
-            append(&http, &endpoint, "fw", &["z".into()])
-                .await
-                .expect("an append");
-            latencies.push(started.elapsed());
+        // The two paths take turns, each going first every other time, so a change in
+        // the disk's or moto's speed during the run weighs on both alike.
+        let mut latencies = [Vec::with_capacity(calls), Vec::with_capacity(calls)];
+        let mut extra = Vec::with_capacity(calls);
+        for i in 0..calls {
+            let mut took = [Duration::ZERO; 2];
+            for path in [i % 2, 1 - i % 2] {
+                let started = Instant::now();
+                assert!(
+                    call.make(&http, &paths[path]).await,
+                    "a {what} through {} failed",
+                    paths[path]
+                );
+                took[path] = started.elapsed();
+            }
+            extra.push((took[1].as_secs_f64() - took[0].as_secs_f64()) * 1e3);
+            for path in 0..2 {
+                latencies[path].push(took[path]);
+            }
         }
-        latencies.sort();
+        for path in &mut latencies {
+            path.sort();
+        }
+        extra.sort_by(f64::total_cmp);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
-            "{what}: p50 {:.2} ms, p99 {:.2} ms over {appends} appends",
-            percentile(&latencies, 0.5).as_secs_f64() * 1e3,
-            percentile(&latencies, 0.99).as_secs_f64() * 1e3
+            "{what}: through its owner p50 {:.2} ms, p99 {:.2} ms; through another node p50 \
+             {:.2} ms, p99 {:.2} ms; the extra hop, median of {calls} pairs: {:.2} ms",
+            ms(percentile(&latencies[0], 0.5)),
+            ms(percentile(&latencies[0], 0.99)),
+            ms(percentile(&latencies[1], 0.5)),
+            ms(percentile(&latencies[1], 0.99)),
+            extra[calls / 2],
         );
+    }
+}
+
+/// A call of the forwarding measurement.
+#[derive(Clone, Copy)]
+enum Call {
+    /// No storage: the hop alone.
+    CheckTail,
+    /// One 1-record batch, durable before it is acknowledged.
+    Append,
+}
+
+impl Call {
+    /// Makes the call through `endpoint`; whether it succeeded.
+    async fn make(self, http: &reqwest::Client, endpoint: &str) -> bool {
+        match self {
+            Call::Append => append(http, endpoint, "fw", &["z".into()]).await.is_some(),
+            Call::CheckTail => {
+                let answer = http
+                    .get(format!("{endpoint}/v1/streams/fw/records/tail"))
+                    .header("s2-basin", BASIN)
+                    .timeout(Duration::from_secs(30))
+                    .send()
+                    .await;
+                match answer {
+                    Ok(answer) if answer.status().is_success() => answer.bytes().await.is_ok(),
+                    _ => false,
+                }
+            }
+        }
     }
 }
 
