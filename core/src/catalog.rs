@@ -12,7 +12,6 @@ use crate::config::{
 };
 use crate::error::{Error, Resource, Result};
 use crate::names::{BasinName, StreamName};
-use crate::owner_cache::OwnerCache;
 use crate::ownership::{Ownership, Placement};
 use crate::registry::StreamRegistry;
 use crate::storage::metadata::{Created, ListRange};
@@ -40,9 +39,6 @@ pub(crate) struct Catalog {
     /// Which streams this node sequences; lookups for appends and reads take a stream
     /// over through it when no live node holds it.
     ownership: Arc<Ownership>,
-    /// Where streams other nodes sequence were found lately, for requests this node
-    /// passes on.
-    owners: OwnerCache,
     /// The one location this server offers.
     location: String,
     /// Storage class of streams that do not choose one.
@@ -88,7 +84,6 @@ impl Catalog {
             metadata,
             registry,
             ownership,
-            owners: OwnerCache::default(),
             location,
             default_storage_class,
         }
@@ -303,23 +298,9 @@ impl Catalog {
         if let Some(state) = self.registry.get(basin, name) {
             return Ok(Some(state));
         }
-        // Only a request this node may pass on looks in the cache: one passed on here
-        // must find out itself whether it is this node's to serve.
-        let passes_on = placement == Placement::Balanced;
-        if passes_on {
-            if let Some(advertise_url) = self.owners.get(basin, name) {
-                return Err(Error::OwnedElsewhere { advertise_url });
-            }
-        }
-        let Some(record) = self.live_record(basin, name).await? else {
-            return Ok(None);
-        };
-        match self.ownership.acquire(&record, placement).await {
-            Err(Error::OwnedElsewhere { advertise_url }) if passes_on => {
-                self.owners.remember(basin, name, &advertise_url);
-                Err(Error::OwnedElsewhere { advertise_url })
-            }
-            acquired => acquired.map(Some),
+        match self.live_record(basin, name).await? {
+            Some(record) => self.ownership.acquire(&record, placement).await.map(Some),
+            None => Ok(None),
         }
     }
 

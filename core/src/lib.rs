@@ -42,7 +42,6 @@ mod lifecycle;
 mod membership;
 pub mod metrics;
 pub mod names;
-mod owner_cache;
 mod ownership;
 pub mod read;
 pub mod record;
