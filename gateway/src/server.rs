@@ -75,9 +75,10 @@ pub async fn serve(
         .max_concurrent_streams(Some(10_000))
         .keep_alive_interval(Some(Duration::from_secs(20)));
     let graceful = GracefulShutdown::new();
-    // Connections still in their handshake when the drain starts are closed at once:
-    // their clients have sent no request yet, and the drain would otherwise wait out
-    // `HANDSHAKE_TIMEOUT` for a silent one (a pooled connection a client opened ahead).
+    // Connections still waiting for their client's first bytes (or its TLS handshake)
+    // when the drain starts are closed at once: they hold no request, and the drain
+    // would otherwise wait out `HANDSHAKE_TIMEOUT` for a silent one (a pooled
+    // connection a client opened ahead of use).
     let (stop_handshakes, stopping) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
@@ -101,6 +102,9 @@ pub async fn serve(
                 // The handshake runs in its own task so a slow client cannot stall accepts.
                 tokio::spawn(async move {
                     tokio::select! {
+                        // The handshake is looked at first: a client whose request is
+                        // already in the socket is served as before the drain.
+                        biased;
                         () = handshake_then_serve(socket, peer, tls, builder, app, watcher, slot) => {}
                         _ = stopping.wait_for(|stopping| *stopping) => {
                             tracing::debug!(%peer, "connection closed in its handshake: the server is draining");

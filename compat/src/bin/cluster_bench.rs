@@ -43,8 +43,8 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     lease_secs: u64,
     /// Calls per path (check-tails, then appends) in the forwarding measurement.
-    #[arg(long, default_value_t = 2000)]
-    calls: usize,
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    calls: u64,
     /// Run only these measurements (all of them by default).
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Phase>,
@@ -101,7 +101,7 @@ async fn main() {
     }
     if runs(Phase::Forwarding) {
         println!("== forwarding: one client, one call at a time, through the owner and another node by turns");
-        forwarding(args.calls).await;
+        forwarding(args.calls as usize).await;
     }
     if runs(Phase::MetadataLoad) {
         println!("== metadata load of an idle cluster of three nodes");
