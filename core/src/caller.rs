@@ -582,7 +582,7 @@ impl Caller {
         basin: &BasinName,
         name: &StreamName,
         create_config: Option<&StreamConfig>,
-        forwarded: bool,
+        arrival: crate::Arrival,
     ) -> Result<crate::Route> {
         self.still_valid().await?;
         let stored = self.stream(op, basin, name)?;
@@ -592,7 +592,7 @@ impl Caller {
         };
         let create_config = create_config.copied().unwrap_or_default();
         self.engine
-            .route(basin, &stored, Some((kind, &create_config)), forwarded)
+            .route(basin, &stored, Some((kind, &create_config)), arrival)
             .await
             .map_err(|e| self.error(e))
     }

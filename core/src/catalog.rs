@@ -298,6 +298,13 @@ impl Catalog {
         if let Some(state) = self.registry.get(basin, name) {
             return Ok(Some(state));
         }
+        // Only a client's request, which may be passed on, goes by a remembered owner;
+        // the node it reaches looks for itself.
+        if placement == Placement::Balanced {
+            if let Some(advertise_url) = self.ownership.remembered_owner(basin, name) {
+                return Err(Error::OwnedElsewhere { advertise_url });
+            }
+        }
         match self.live_record(basin, name).await? {
             Some(record) => self.ownership.acquire(&record, placement).await.map(Some),
             None => Ok(None),

@@ -115,6 +115,22 @@ pub(crate) struct Access<'a> {
     pub connection: Option<ConnectionId>,
 }
 
+/// How a request on a stream reached this node, which decides where it may go next.
+/// Routed this way, a request makes two hops at most, however ownership moves meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// From a client: served here, or passed on to the node that holds the stream (or
+    /// that the placement rule gives, if none does).
+    Client,
+    /// Passed on by another node, which may have gone by an owner it remembered or
+    /// looked before a hand-over was recorded: served here (taking the stream over if no
+    /// live node holds it), or passed on once more to the node found holding it now.
+    Forwarded,
+    /// Passed on twice already, or by a node that looked the owner up itself just
+    /// before: served here, or refused as retryable.
+    LastHop,
+}
+
 /// Where a request on a stream is served.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
@@ -572,21 +588,20 @@ impl Engine {
         self.inner.registry.len()
     }
 
-    /// Where a request on a stream should be served: here (taking the stream over if
-    /// no live node holds it and it falls to this node, or `forwarded` says another
-    /// node sent it here), or at another node's URL. An error is what the request
+    /// Where a request on a stream should be served (see `Arrival`): here, taking the
+    /// stream over if no live node holds it and it falls to this node (or the request
+    /// was passed on here), or at another node's URL. An error is what the request
     /// itself would get.
     pub(crate) async fn route(
         &self,
         basin: &BasinName,
         name: &StreamName,
         create: Option<(AutoCreate, &StreamConfig)>,
-        forwarded: bool,
+        arrival: Arrival,
     ) -> Result<Route> {
-        let placement = if forwarded {
-            Placement::Here
-        } else {
-            Placement::Balanced
+        let placement = match arrival {
+            Arrival::Client => Placement::Balanced,
+            Arrival::Forwarded | Arrival::LastHop => Placement::Here,
         };
         match self
             .catalog()
@@ -594,11 +609,17 @@ impl Engine {
             .await
         {
             Ok(_) => Ok(Route::Here),
-            Err(Error::OwnedElsewhere { advertise_url }) if !forwarded => {
+            Err(Error::OwnedElsewhere { advertise_url }) if arrival != Arrival::LastHop => {
                 Ok(Route::Node(advertise_url))
             }
             Err(err) => Err(err),
         }
+    }
+
+    /// Forgets where a stream was last found: its node did not take a request passed
+    /// on to it (gone, or unreachable), so the next request looks again.
+    pub fn owner_unreachable(&self, basin: &BasinName, name: &StreamName) {
+        self.inner.ownership.forget_owner(basin, name);
     }
 
     /// The access tokens this server honours.

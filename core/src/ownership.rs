@@ -16,6 +16,7 @@ use crate::compaction::Compactor;
 use crate::error::{Error, Result};
 use crate::membership::Membership;
 use crate::names::{BasinName, StreamName};
+use crate::owner_cache::OwnerCache;
 use crate::record::StreamPosition;
 use crate::registry::StreamRegistry;
 use crate::storage::cluster::{StreamClaim, StreamLog, StreamOwner};
@@ -64,6 +65,8 @@ pub(crate) struct Ownership {
     handing_off: tokio::sync::RwLock<()>,
     /// Streams this node handed over, and when.
     handed_over: parking_lot::Mutex<HashMap<(BasinName, StreamName), Instant>>,
+    /// Which live nodes were found holding streams lately, for requests to pass on.
+    owners: OwnerCache,
 }
 
 impl Ownership {
@@ -85,6 +88,7 @@ impl Ownership {
             takeovers: tokio::sync::Mutex::new(()),
             handing_off: tokio::sync::RwLock::new(()),
             handed_over: parking_lot::Mutex::new(HashMap::new()),
+            owners: OwnerCache::default(),
         }
     }
 
@@ -116,7 +120,11 @@ impl Ownership {
                 StreamOwner::Live {
                     epoch,
                     advertise_url,
-                } if epoch != self.epoch() => return Err(Error::OwnedElsewhere { advertise_url }),
+                } if epoch != self.epoch() => {
+                    self.owners
+                        .remember(&record.basin, &record.name, &advertise_url);
+                    return Err(Error::OwnedElsewhere { advertise_url });
+                }
                 // Still this node's: its hand-off failed; others take it once this node
                 // has left.
                 StreamOwner::Live { .. } if self.membership.is_leaving() => {
@@ -151,6 +159,18 @@ impl Ownership {
             }
         }
         Err(changing_owner())
+    }
+
+    /// The node found holding the stream's lease a moment ago, if any (see
+    /// `OwnerCache`): where a client's request for it may be passed on without a look
+    /// in the metadata store.
+    pub fn remembered_owner(&self, basin: &BasinName, name: &StreamName) -> Option<String> {
+        self.owners.get(basin, name)
+    }
+
+    /// Drops the remembered owner of a stream: it did not take a request.
+    pub fn forget_owner(&self, basin: &BasinName, name: &StreamName) {
+        self.owners.forget(basin, name);
     }
 
     /// Hands every stream this node sequences to the other nodes, for a shutdown that

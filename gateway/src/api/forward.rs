@@ -3,9 +3,11 @@
 //! request to any node: unary calls, S2S append and read sessions, SSE. The owner sees
 //! the client's own headers (its token, too) and checks everything itself.
 //!
-//! A forwarded request carries `streamgate-forwarded-by`; its receiver serves it itself
-//! (taking the stream over if no live node holds it) and never forwards it again, so a
-//! request makes at most one hop even while ownership moves.
+//! A forwarded request carries `streamgate-forwarded-by`. Its receiver serves it itself
+//! (taking the stream over if no live node holds it), or, if it finds another node
+//! holding the stream (the sender went by an owner it remembered, or looked before a
+//! hand-over), passes it on once more marked `streamgate-last-hop`: a request makes two
+//! hops at most, even while ownership moves.
 
 use std::time::Duration;
 
@@ -18,13 +20,17 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use streamgate_core::access::Operation;
-use streamgate_core::{Engine, Route};
+use streamgate_core::{Arrival, Engine, Route};
 
 use super::error::ApiError;
 use super::extract::{stream_config_header, Authenticated, Basin, StreamPath};
 
 /// Marks a request one node passed to another; its value is the sender's epoch.
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("streamgate-forwarded-by");
+
+/// Marks a request that must not be passed on again by its receiver's routing: its
+/// second hop, or a call a node makes for a client after looking the owner up itself.
+pub const LAST_HOP: HeaderName = HeaderName::from_static("streamgate-last-hop");
 
 /// On the answer to a request on a stream: the advertised URL of the node that
 /// sequences the stream and served it (for operators, and the benchmarks).
@@ -108,8 +114,14 @@ impl Forwarder {
         Forwarder { client }
     }
 
-    /// Passes a request to the node at `node_url` and streams its answer back.
-    async fn forward(&self, node_url: &str, request: Request) -> Response {
+    /// Passes a request that arrived as `arrival` to the node at `node_url`, and
+    /// streams its answer back; `Err` holds the answer when that node did not take it.
+    async fn forward(
+        &self,
+        node_url: &str,
+        arrival: Arrival,
+        request: Request,
+    ) -> Result<Response, Response> {
         let (mut parts, body) = request.into_parts();
         let path = parts
             .extensions
@@ -119,7 +131,10 @@ impl Forwarder {
         let path = path.path_and_query().map_or("/", |p| p.as_str());
         let target = format!("{}{path}", node_url.trim_end_matches('/'));
         let Ok(uri) = target.parse::<axum::http::Uri>() else {
-            return unreachable_owner(node_url, "its advertised URL is not a URL");
+            return Err(unreachable_owner(
+                node_url,
+                "its advertised URL is not a URL",
+            ));
         };
         for name in NOT_PASSED_ON {
             parts.headers.remove(name);
@@ -127,6 +142,11 @@ impl Forwarder {
         parts
             .headers
             .insert(FORWARDED_BY, self.client.epoch.clone());
+        if arrival != Arrival::Client {
+            parts
+                .headers
+                .insert(LAST_HOP, HeaderValue::from_static("1"));
+        }
         let connection = parts
             .extensions
             .get::<streamgate_core::Caller>()
@@ -142,9 +162,9 @@ impl Forwarder {
                 for name in [header::CONNECTION, header::TRANSFER_ENCODING] {
                     parts.headers.remove(name);
                 }
-                Response::from_parts(parts, Body::new(body))
+                Ok(Response::from_parts(parts, Body::new(body)))
             }
-            Err(err) => unreachable_owner(node_url, &err),
+            Err(err) => Err(unreachable_owner(node_url, &err)),
         }
     }
 }
@@ -175,30 +195,48 @@ pub async fn route_records(
         Ok(Authenticated(caller)) => caller,
         Err(err) => return err.into_response(),
     };
-    let forwarded = parts.headers.contains_key(FORWARDED_BY);
+    let arrival = match (
+        parts.headers.contains_key(FORWARDED_BY),
+        parts.headers.contains_key(LAST_HOP),
+    ) {
+        (false, _) => Arrival::Client,
+        (true, false) => Arrival::Forwarded,
+        (true, true) => Arrival::LastHop,
+    };
     let op = match (&parts.method, parts.uri.path().ends_with("/tail")) {
         (&Method::POST, _) => Operation::Append,
         (_, true) => Operation::CheckTail,
         _ => Operation::Read,
     };
-    let route = match (
+    let (route, stream) = match (
         Basin::from_request_parts(&mut parts, &engine).await,
         StreamPath::from_request_parts(&mut parts, &engine).await,
         stream_config_header(&parts.headers),
     ) {
-        (Ok(Basin(basin)), Ok(StreamPath(stream)), Ok(create)) => caller
-            .route_stream(op, &basin, &stream, create.as_ref(), forwarded)
-            .await
-            .ok(),
-        _ => None,
+        (Ok(Basin(basin)), Ok(StreamPath(stream)), Ok(create)) => (
+            caller
+                .route_stream(op, &basin, &stream, create.as_ref(), arrival)
+                .await
+                .ok(),
+            Some((basin, stream)),
+        ),
+        _ => (None, None),
     };
-    parts.extensions.insert(match forwarded {
-        true => caller.forwarded(),
-        false => caller,
+    parts.extensions.insert(match arrival {
+        Arrival::Client => caller,
+        Arrival::Forwarded | Arrival::LastHop => caller.forwarded(),
     });
     let request = Request::from_parts(parts, body);
     match route {
-        Some(Route::Node(url)) => forwarder.forward(&url, request).await,
+        Some(Route::Node(url)) => match forwarder.forward(&url, arrival, request).await {
+            Ok(answer) => answer,
+            Err(refusal) => {
+                if let Some((basin, stream)) = stream {
+                    engine.owner_unreachable(&basin, &stream);
+                }
+                refusal
+            }
+        },
         Some(Route::Here) => {
             let mut response = next.run(request).await;
             response

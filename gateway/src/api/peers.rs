@@ -18,7 +18,7 @@ use streamgate_core::{Error, Resource};
 
 use super::error::ApiError;
 use super::extract::{ApiQuery, Authenticated, Basin, StreamPath};
-use super::forward::{PeerClient, FORWARDED_BY};
+use super::forward::{PeerClient, FORWARDED_BY, LAST_HOP};
 use super::proto;
 use axum::response::IntoResponse;
 
@@ -55,7 +55,9 @@ impl RestPeers {
             .header("s2-basin", at.basin.as_str())
             .header(header::CONTENT_TYPE, "application/protobuf")
             .header(header::ACCEPT, "application/protobuf")
-            .header(FORWARDED_BY, self.client.epoch.clone());
+            .header(FORWARDED_BY, self.client.epoch.clone())
+            // Sent after a look of this node's own: the receiver serves it or refuses.
+            .header(LAST_HOP, "1");
         if let Some(headers) = request.headers_mut() {
             streamgate_http::pass_on_connection(headers, at.connection);
         }
