@@ -15,9 +15,11 @@ use std::time::{Duration, Instant};
 
 use crate::names::{BasinName, StreamName};
 
-/// How long a stream's owner, once looked up, is taken as known. Short: after a
-/// failover, requests for the stream may go to the dead node for this long.
-const FRESH_FOR: Duration = Duration::from_secs(1);
+/// How long a stream's owner, once looked up, is taken as known, from when the lookup
+/// began. Well under the second a node that handed its streams over at shutdown goes
+/// on taking requests (`HAND_OFF_SETTLE` in the gateway): a request sent by an entry
+/// made just before the hand-off still reaches that node, which passes it on.
+const FRESH_FOR: Duration = Duration::from_millis(500);
 
 /// Most streams remembered at once (clients choose which streams they name).
 const MOST_ENTRIES: usize = 65_536;
@@ -42,8 +44,15 @@ impl OwnerCache {
         self.seen.lock().remove(&(basin.clone(), name.clone()));
     }
 
-    /// Notes that the stream is served by the node at `advertise_url`.
-    pub fn remember(&self, basin: &BasinName, name: &StreamName, advertise_url: &str) {
+    /// Notes that the stream is served by the node at `advertise_url`, as found by a
+    /// lookup that began at `asked_at`.
+    pub fn remember(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        advertise_url: &str,
+        asked_at: Instant,
+    ) {
         let mut seen = self.seen.lock();
         if seen.len() >= MOST_ENTRIES {
             seen.retain(|_, (_, at)| at.elapsed() < FRESH_FOR);
@@ -53,7 +62,7 @@ impl OwnerCache {
         }
         seen.insert(
             (basin.clone(), name.clone()),
-            (advertise_url.to_owned(), Instant::now()),
+            (advertise_url.to_owned(), asked_at),
         );
     }
 }
@@ -75,14 +84,14 @@ mod tests {
         let (basin, s) = names("s");
         let (_, t) = names("t");
         assert_eq!(cache.get(&basin, &s), None);
-        cache.remember(&basin, &s, "http://node-b:8080");
+        cache.remember(&basin, &s, "http://node-b:8080", Instant::now());
         assert_eq!(cache.get(&basin, &s).as_deref(), Some("http://node-b:8080"));
         assert_eq!(cache.get(&basin, &t), None);
-        cache.remember(&basin, &s, "http://node-c:8080");
+        cache.remember(&basin, &s, "http://node-c:8080", Instant::now());
         assert_eq!(cache.get(&basin, &s).as_deref(), Some("http://node-c:8080"));
         cache.forget(&basin, &s);
         assert_eq!(cache.get(&basin, &s), None);
-        cache.remember(&basin, &s, "http://node-c:8080");
+        cache.remember(&basin, &s, "http://node-c:8080", Instant::now());
         // Aged past `FRESH_FOR`, the entry no longer answers.
         cache
             .seen
@@ -99,7 +108,7 @@ mod tests {
         let (basin, _) = names("s");
         for i in 0..MOST_ENTRIES + 10 {
             let (_, stream) = names(&format!("s{i}"));
-            cache.remember(&basin, &stream, "http://node-b:8080");
+            cache.remember(&basin, &stream, "http://node-b:8080", Instant::now());
         }
         assert!(cache.seen.lock().len() <= MOST_ENTRIES);
         let (_, last) = names(&format!("s{}", MOST_ENTRIES + 9));

@@ -116,13 +116,14 @@ impl Ownership {
         // Twice at most: a take that finds the stream claimed by another node meanwhile,
         // or this node starting to leave, looks again at who holds it now.
         for _ in 0..2 {
+            let asked_at = Instant::now();
             match self.metadata.stream_owner(record.id).await? {
                 StreamOwner::Live {
                     epoch,
                     advertise_url,
                 } if epoch != self.epoch() => {
-                    self.owners
-                        .remember(&record.basin, &record.name, &advertise_url);
+                    let (basin, name) = (&record.basin, &record.name);
+                    self.owners.remember(basin, name, &advertise_url, asked_at);
                     return Err(Error::OwnedElsewhere { advertise_url });
                 }
                 // Still this node's: its hand-off failed; others take it once this node
