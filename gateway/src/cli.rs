@@ -148,6 +148,12 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
+    /// PEM certificates to trust, besides the system's roots, when this node calls
+    /// other nodes of its cluster at `https://` advertised URLs (nodes started with
+    /// --tls-cert): the private CA that issued the nodes' certificates, say.
+    #[arg(long, env = "STREAMGATE_PEER_CA")]
+    pub peer_ca: Option<PathBuf>,
+
     /// Basins and streams to provision at start-up, before serving: a JSON file in the
     /// format of `s2 apply -f` (`{"basins": [{"name", "config", "streams": [{"name",
     /// "config"}]}]}`). What is missing is created and what exists is reconfigured in the

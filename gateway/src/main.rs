@@ -19,7 +19,8 @@ use cli::{parse_store_url, Args, StoreLocation};
 
 /// How long a node that handed its streams over keeps accepting connections before it
 /// drains: requests that other nodes sent its way just before the hand-off was recorded
-/// are still arriving, and are forwarded to the new owners rather than refused.
+/// are still arriving, and are forwarded to the new owners rather than refused. Other
+/// nodes remember a stream's owner for half as long (`owner_cache` in the core).
 const HAND_OFF_SETTLE: Duration = Duration::from_secs(1);
 
 #[tokio::main]
@@ -126,6 +127,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
         _ => None,
     };
+    let peer_tls = tls::peer_client_config(args.peer_ca.as_deref())?;
     // Bound before the engine starts, so the advertised URL can name the port.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -262,7 +264,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }),
         },
     );
-    let app = api::router(engine.clone(), drain, pages);
+    let app = api::router(engine.clone(), drain, pages, peer_tls);
     let app = match cors.layer() {
         Some(layer) => app.layer(layer),
         None => app,

@@ -1385,3 +1385,115 @@ async fn a_takeover_that_fails_part_way_is_made_again() {
         "every acknowledged batch is there once"
     );
 }
+
+/// A private CA and a certificate it issued for 127.0.0.1, written into `dir`:
+/// (the CA's PEM, the nodes' certificate, its key).
+fn certificates(dir: &std::path::Path) -> [String; 3] {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "streamgate test CA");
+    let ca = rcgen::CertifiedIssuer::self_signed(ca, rcgen::KeyPair::generate().unwrap()).unwrap();
+    let node_key = rcgen::KeyPair::generate().unwrap();
+    let node = rcgen::CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
+        .unwrap()
+        .signed_by(&node_key, &ca)
+        .unwrap();
+    let files = [
+        ("ca.pem", ca.pem()),
+        ("node.pem", node.pem()),
+        ("node.key", node_key.serialize_pem()),
+    ];
+    files.map(|(name, pem)| {
+        let path = dir.join(name);
+        std::fs::write(&path, pem).unwrap();
+        path.to_str().unwrap().to_owned()
+    })
+}
+
+/// Nodes that serve HTTPS pass requests on to each other over TLS, trusting the CA
+/// given with `--peer-ca`; a node without it refuses to talk to its peers (their
+/// certificate is not trusted) and says why, rather than trusting any certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_serving_https_forward_to_each_other_and_check_each_others_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let [ca, cert, key] = certificates(dir.path());
+    let tls = [
+        "--lease-secs",
+        LEASE_SECS,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ];
+    let trusting: Vec<&str> = tls.iter().copied().chain(["--peer-ca", &ca]).collect();
+    let mut cluster = Cluster::start(2, &trusting);
+    let distrustful = cluster.add_node(&tls);
+    for node in 0..3 {
+        cluster.wait_for_live_nodes(node, 3).await;
+        assert!(cluster.endpoint(node).starts_with("https://"));
+    }
+    let names = stream_names(9);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    streamgate_tests::create_streams(&cluster.endpoint(0), BASIN, &refs).await;
+
+    // Through the two nodes that trust the CA, every stream, wherever it is sequenced.
+    let mut owners = HashMap::new();
+    for (s, stream) in names.iter().enumerate() {
+        for writer in 0..2 {
+            let body = format!("{stream} over TLS from node {writer}");
+            let answer = append(
+                &cluster.endpoint(writer),
+                stream,
+                std::slice::from_ref(&body),
+            )
+            .await;
+            assert!(answer.status().is_success(), "append: {}", answer.status());
+            let owner = answer.headers()["streamgate-served-by"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            owners.insert(stream.clone(), cluster.node_at(&owner).unwrap());
+            let end = answer.json::<Value>().await.unwrap()["end"]["seq_num"]
+                .as_u64()
+                .unwrap();
+            assert_eq!(tail(&cluster.endpoint(1 - writer), stream).await, end);
+            let reader = (s + writer) % 2;
+            let read = bodies_of(&cluster.endpoint(reader), stream).await;
+            assert_eq!(read.last(), Some(&body), "read through node {reader}");
+        }
+    }
+    let passed_on: Vec<usize> = owners.values().copied().collect();
+    assert!(
+        passed_on.iter().any(|owner| *owner != 0) && passed_on.iter().any(|owner| *owner != 1),
+        "each trusting node passed requests on to another: {owners:?}"
+    );
+
+    // The node without the CA cannot reach the others: its requests for the streams
+    // they sequence are refused, retryably, naming the certificate.
+    let mut refused = 0;
+    for stream in &names {
+        let answer = append(
+            &cluster.endpoint(distrustful),
+            stream,
+            &["not trusted".into()],
+        )
+        .await;
+        if answer.status().is_success() {
+            assert_eq!(
+                answer.headers()["streamgate-served-by"],
+                cluster.endpoint(distrustful).as_str(),
+                "only what it sequences itself"
+            );
+            continue;
+        }
+        assert_eq!(answer.status(), 503);
+        let why = answer.text().await.unwrap();
+        assert!(why.contains("certificate"), "{why}");
+        refused += 1;
+    }
+    assert!(
+        refused > 0,
+        "some streams are sequenced by the others: {owners:?}"
+    );
+}

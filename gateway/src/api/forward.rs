@@ -16,6 +16,7 @@ use axum::extract::{FromRequestParts, OriginalUri, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -50,21 +51,28 @@ const NOT_PASSED_ON: [HeaderName; 9] = [
     header::CONTENT_ENCODING,
 ];
 
-/// The HTTP/2 client for the other nodes: one connection per node carries every call
-/// to it, streaming both ways. Calls carry this node's epoch in `FORWARDED_BY`.
+/// The HTTP/2 client for the other nodes, over TLS for those whose advertised URL is
+/// `https://`: one connection per node carries every call to it, streaming both ways.
+/// Calls carry this node's epoch in `FORWARDED_BY`.
 #[derive(Clone)]
 pub struct PeerClient {
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
     pub epoch: HeaderValue,
     /// This node's advertised URL, for `SERVED_BY`.
     advertise_url: HeaderValue,
 }
 
 impl PeerClient {
-    pub fn new(engine: &Engine) -> PeerClient {
+    pub fn new(engine: &Engine, tls: rustls::ClientConfig) -> PeerClient {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        connector.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http2()
+            .wrap_connector(connector);
         // A node that stops answering (paused, partitioned) is noticed by its missed
         // pings within a lease: the calls to it fail (retryably) then, instead of
         // hanging while another node takes its streams over.
@@ -90,16 +98,28 @@ impl PeerClient {
         &self,
         request: axum::http::Request<Body>,
     ) -> Result<axum::http::Response<hyper::body::Incoming>, String> {
-        if request.uri().scheme_str() != Some("http") {
+        if !matches!(request.uri().scheme_str(), Some("http" | "https")) {
             return Err(format!(
-                "`{}` is not an http:// URL this node can reach peers at",
+                "`{}` is not an http:// or https:// URL this node can reach peers at",
                 request.uri()
             ));
         }
-        self.client
-            .request(request)
-            .await
-            .map_err(|e| e.to_string())
+        self.client.request(request).await.map_err(|e| {
+            // The cause (a certificate not trusted, say) is what an operator needs.
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                text = format!("{text}: {cause}");
+                source = cause.source();
+            }
+            if text.contains("certificate") {
+                text.push_str(
+                    "; start this node with --peer-ca naming the CA that issued its peers' \
+                     certificates",
+                );
+            }
+            text
+        })
     }
 }
 

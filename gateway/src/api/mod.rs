@@ -28,11 +28,17 @@ use tower_http::decompression::RequestDecompressionLayer;
 use error::{ApiError, ApiResult};
 
 /// The whole HTTP surface: the REST API, OTLP, the operator endpoints, and `pages`
-/// (the dashboard), behind one set of layers.
-pub fn router(engine: Engine, drain: sessions::Drain, pages: Router) -> Router {
+/// (the dashboard), behind one set of layers. `peer_tls` is how calls to other nodes at
+/// `https://` URLs are made.
+pub fn router(
+    engine: Engine,
+    drain: sessions::Drain,
+    pages: Router,
+    peer_tls: rustls::ClientConfig,
+) -> Router {
     // One client for the other nodes: whole requests forwarded, and the calls RESP and
     // OTLP make at the nodes that sequence other streams.
-    let peers = forward::PeerClient::new(&engine);
+    let peers = forward::PeerClient::new(&engine, peer_tls);
     engine.set_remote(std::sync::Arc::new(peers::RestPeers::new(peers.clone())));
     // Compress responses over 1 KiB, never streaming ones.
     let compress_when = SizeAbove::new(1024)
