@@ -116,7 +116,9 @@ pub(crate) struct Access<'a> {
 }
 
 /// How a request on a stream reached this node, which decides where it may go next.
-/// Routed this way, a request makes two hops at most, however ownership moves meanwhile.
+/// Routed this way, a request makes two hops at most; it goes further only from a node
+/// that has just handed the stream over (see `Engine::forwards_on`), each such hop
+/// following a newer lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arrival {
     /// From a client: served here, or passed on to the node that holds the stream (or
@@ -617,8 +619,8 @@ impl Engine {
     }
 
     /// Forgets where a stream was last found: its node did not take a request passed
-    /// on to it (gone, or unreachable), so the next request looks again.
-    pub fn owner_unreachable(&self, basin: &BasinName, name: &StreamName) {
+    /// on to it (gone, unreachable, or unavailable), so the next request looks again.
+    pub fn owner_unavailable(&self, basin: &BasinName, name: &StreamName) {
         self.inner.ownership.forget_owner(basin, name);
     }
 

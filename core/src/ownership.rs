@@ -245,6 +245,8 @@ impl Ownership {
             handed.retain(|_, at| now.duration_since(*at) < FORWARD_AFTER_HAND_OVER);
             for (basin, state) in &moved {
                 handed.insert((basin.clone(), state.name.clone()), now);
+                // An owner remembered from before this node took the stream is stale.
+                self.owners.forget(basin, &state.name);
             }
         }
         let mut ids: Vec<u64> = moved.iter().map(|(_, state)| state.id).collect();

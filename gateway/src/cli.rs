@@ -37,9 +37,9 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_ROOT_TOKEN", hide_env_values = true)]
     pub root_token: Option<String>,
 
-    /// How other nodes of the cluster reach this one (`http://HOST:PORT`), for requests
-    /// they forward to it. Default: derived from --listen (its port once bound; this
-    /// machine's host name when it listens on every address).
+    /// How other nodes of the cluster reach this one (`http://HOST:PORT`, or `https://`
+    /// with --tls-cert), for requests they forward to it. Default: derived from --listen
+    /// (its port once bound; this machine's host name when it listens on every address).
     #[arg(long, env = "STREAMGATE_ADVERTISE_URL")]
     pub advertise_url: Option<String>,
 
@@ -148,9 +148,10 @@ pub struct Args {
     #[arg(long, env = "STREAMGATE_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
-    /// PEM certificates to trust, besides the system's roots, when this node calls
-    /// other nodes of its cluster at `https://` advertised URLs (nodes started with
-    /// --tls-cert): the private CA that issued the nodes' certificates, say.
+    /// PEM certificates to trust when this node calls other nodes of its cluster at
+    /// `https://` advertised URLs (nodes started with --tls-cert): the private CA that
+    /// issued the nodes' certificates, say. Given, only these are trusted for peers;
+    /// without it, the system's root certificates are.
     #[arg(long, env = "STREAMGATE_PEER_CA")]
     pub peer_ca: Option<PathBuf>,
 

@@ -32,35 +32,40 @@ pub fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
 }
 
 /// TLS for this node's calls to other nodes at `https://` advertised URLs: it trusts the
-/// system's roots and the PEM certificates of `peer_ca` (the private CA that issued the
-/// nodes' certificates, say). A missing or unreadable `peer_ca` stops start-up.
+/// PEM certificates of `peer_ca` alone (the private CA that issued the nodes'
+/// certificates, say), so that no public CA can vouch for a peer that receives the
+/// clients' tokens; without it, the system's roots. A missing or unreadable `peer_ca`
+/// stops start-up.
 pub fn peer_client_config(peer_ca: Option<&Path>) -> anyhow::Result<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
-    let system = rustls_native_certs::load_native_certs();
-    for error in &system.errors {
-        tracing::debug!(%error, "a system root certificate could not be loaded");
-    }
-    // Certificates the TLS library cannot use (an old format, say) are skipped: a peer
-    // is trusted through the others, or through --peer-ca.
-    let (_, unusable) = roots.add_parsable_certificates(system.certs);
-    if unusable > 0 {
-        tracing::debug!(unusable, "system root certificates skipped");
-    }
-    if let Some(path) = peer_ca {
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .with_context(|| format!("reading --peer-ca {}", path.display()))?
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("parsing --peer-ca {}", path.display()))?;
-        if certs.is_empty() {
-            anyhow::bail!("--peer-ca {} holds no PEM certificate", path.display());
+    match peer_ca {
+        Some(path) => {
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                .with_context(|| format!("reading --peer-ca {}", path.display()))?
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("parsing --peer-ca {}", path.display()))?;
+            if certs.is_empty() {
+                anyhow::bail!("--peer-ca {} holds no PEM certificate", path.display());
+            }
+            for cert in certs {
+                roots.add(cert).with_context(|| {
+                    format!(
+                        "--peer-ca {}: a certificate is not usable as a trust anchor",
+                        path.display()
+                    )
+                })?;
+            }
         }
-        for cert in certs {
-            roots.add(cert).with_context(|| {
-                format!(
-                    "--peer-ca {}: a certificate is not usable as a trust anchor",
-                    path.display()
-                )
-            })?;
+        None => {
+            let system = rustls_native_certs::load_native_certs();
+            for error in &system.errors {
+                tracing::debug!(%error, "a system root certificate could not be loaded");
+            }
+            // Certificates the TLS library cannot use (an old format, say) are skipped.
+            let (_, unusable) = roots.add_parsable_certificates(system.certs);
+            if unusable > 0 {
+                tracing::debug!(unusable, "system root certificates skipped");
+            }
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -95,6 +95,16 @@ fn backend_args(data_dir: &Path, extra_args: &[String]) -> Vec<String> {
 /// The root access token test servers are started with (`--root-token`).
 pub const ROOT_TOKEN: &str = "streamgate-test-root-token-0123456789";
 
+/// Certificates the tests' HTTP clients trust (the CAs of servers started with
+/// --tls-cert).
+static TRUSTED: std::sync::Mutex<Vec<reqwest::Certificate>> = std::sync::Mutex::new(Vec::new());
+
+/// Makes the tests' HTTP clients built from now on trust the PEM certificate `ca`.
+pub fn trust_certificate(ca: &[u8]) {
+    let ca = reqwest::Certificate::from_pem(ca).expect("a PEM certificate");
+    TRUSTED.lock().unwrap().push(ca);
+}
+
 /// An HTTP client that authenticates with the root token.
 pub fn client() -> reqwest::Client {
     client_builder().build().expect("an HTTP client")
@@ -107,11 +117,10 @@ pub fn client_builder() -> reqwest::ClientBuilder {
         reqwest::header::AUTHORIZATION,
         format!("Bearer {ROOT_TOKEN}").parse().unwrap(),
     );
-    // Test servers started with --tls-cert use a certificate of the test's own; what
-    // is under test is how the nodes check each other's, not this client.
-    reqwest::Client::builder()
-        .default_headers(headers)
-        .danger_accept_invalid_certs(true)
+    let builder = reqwest::Client::builder().default_headers(headers);
+    TRUSTED.lock().unwrap().iter().fold(builder, |builder, ca| {
+        builder.add_root_certificate(ca.clone())
+    })
 }
 
 /// The `streamgate` binary, built once per test process so tests never run a stale one.

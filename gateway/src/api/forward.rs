@@ -6,14 +6,15 @@
 //! A forwarded request carries `streamgate-forwarded-by`. Its receiver serves it itself
 //! (taking the stream over if no live node holds it), or, if it finds another node
 //! holding the stream (the sender went by an owner it remembered, or looked before a
-//! hand-over), passes it on once more marked `streamgate-last-hop`: a request makes two
-//! hops at most, even while ownership moves.
+//! hand-over), passes it on once more marked `streamgate-last-hop`. Past that, a
+//! request goes on only from a node that has just handed the stream over, each such
+//! hop following a newer lease, so none travels in circles.
 
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{FromRequestParts, OriginalUri, Request, State};
-use axum::http::{header, HeaderName, HeaderValue, Method};
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper_rustls::HttpsConnector;
@@ -162,6 +163,8 @@ impl Forwarder {
         parts
             .headers
             .insert(FORWARDED_BY, self.client.epoch.clone());
+        // Set by this node alone: one a client sent is not passed on.
+        parts.headers.remove(LAST_HOP);
         if arrival != Arrival::Client {
             parts
                 .headers
@@ -248,15 +251,18 @@ pub async fn route_records(
     });
     let request = Request::from_parts(parts, body);
     match route {
-        Some(Route::Node(url)) => match forwarder.forward(&url, arrival, request).await {
-            Ok(answer) => answer,
-            Err(refusal) => {
-                if let Some((basin, stream)) = stream {
-                    engine.owner_unreachable(&basin, &stream);
-                }
-                refusal
+        Some(Route::Node(url)) => {
+            let answer = forwarder.forward(&url, arrival, request).await;
+            // Not reached, or reached but unavailable (leaving, fenced, the stream
+            // changing owner): the next request looks the owner up again.
+            let refused = answer
+                .as_ref()
+                .map_or(true, |a| a.status() == StatusCode::SERVICE_UNAVAILABLE);
+            if let (true, Some((basin, stream))) = (refused, stream) {
+                engine.owner_unavailable(&basin, &stream);
             }
-        },
+            answer.unwrap_or_else(|refusal| refusal)
+        }
         Some(Route::Here) => {
             let mut response = next.run(request).await;
             response
