@@ -7,8 +7,9 @@
 //! rule would put a stream nobody holds. A stale entry costs a detour, never a wrong
 //! answer: the node it names serves a request passed on to it only if it sequences the
 //! stream (or takes it, when no live node holds it), and otherwise passes it on once
-//! more to the owner it finds itself (see `Arrival::Forwarded`). An entry whose node
-//! could not be reached is dropped at once.
+//! more to the owner it finds itself (see `Arrival::Forwarded`). An entry is dropped at
+//! once when its node could not be reached or answered `503`, and when this node hands
+//! the stream over.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -33,8 +34,8 @@ impl OwnerCache {
     /// The advertised URL of the node found to serve the stream, if found lately.
     pub fn get(&self, basin: &BasinName, name: &StreamName) -> Option<String> {
         let seen = self.seen.lock();
-        // A lookup by reference would need an owned key; streams passed on are few
-        // per node, and the clones are two short strings.
+        // A lookup by reference would need an owned key: two short strings cloned,
+        // tens of nanoseconds against the hop to the owner this lookup saves.
         let (url, at) = seen.get(&(basin.clone(), name.clone()))?;
         (at.elapsed() < FRESH_FOR).then(|| url.clone())
     }

@@ -10,14 +10,20 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
-pub fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .with_context(|| format!("reading the certificate chain {}", cert.display()))?
+/// The PEM certificates in the file `path` (at least one); `flag` names it in errors.
+fn pem_certificates(path: &Path, flag: &str) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("reading {flag} {}", path.display()))?
         .collect::<Result<_, _>>()
-        .with_context(|| format!("parsing the certificate chain {}", cert.display()))?;
-    if chain.is_empty() {
-        anyhow::bail!("{} holds no PEM certificate", cert.display());
+        .with_context(|| format!("parsing {flag} {}", path.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!("{flag} {} holds no PEM certificate", path.display());
     }
+    Ok(certs)
+}
+
+pub fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
+    let chain = pem_certificates(cert, "--tls-cert")?;
     let key = PrivateKeyDer::from_pem_file(key)
         .with_context(|| format!("reading the private key {}", key.display()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -40,14 +46,7 @@ pub fn peer_client_config(peer_ca: Option<&Path>) -> anyhow::Result<rustls::Clie
     let mut roots = rustls::RootCertStore::empty();
     match peer_ca {
         Some(path) => {
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                .with_context(|| format!("reading --peer-ca {}", path.display()))?
-                .collect::<Result<_, _>>()
-                .with_context(|| format!("parsing --peer-ca {}", path.display()))?;
-            if certs.is_empty() {
-                anyhow::bail!("--peer-ca {} holds no PEM certificate", path.display());
-            }
-            for cert in certs {
+            for cert in pem_certificates(path, "--peer-ca")? {
                 roots.add(cert).with_context(|| {
                     format!(
                         "--peer-ca {}: a certificate is not usable as a trust anchor",

@@ -17,6 +17,8 @@
 //!   failed append, and loses nothing when it is killed afterwards.
 //! - A node whose start-up takeover outlasts its lease still starts (it renews the
 //!   lease meanwhile), and a takeover that fails part way is made again.
+//! - Nodes serving HTTPS pass requests to each other over TLS, checking each other's
+//!   certificate against `--peer-ca`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -113,7 +113,8 @@ impl PeerClient {
                 text = format!("{text}: {cause}");
                 source = cause.source();
             }
-            if text.contains("certificate") {
+            // rustls' words for a certificate it does not trust.
+            if text.contains("invalid peer certificate") {
                 text.push_str(
                     "; start this node with --peer-ca naming the CA that issued its peers' \
                      certificates",
