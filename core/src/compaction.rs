@@ -27,6 +27,7 @@ use crate::segment::{
     segment_key, CompactionCommit, SegmentEntry, SegmentRecord, StreamCheckpoint,
     MAX_SEGMENT_BYTES, MAX_SEGMENT_ENTRIES,
 };
+use crate::segment_merge::SegmentMerger;
 use crate::storage::{MetadataStore, ObjectStore};
 use crate::stream::{SequencerState, StreamState};
 use crate::wal::{chunk_key, decode_chunk, ChunkBuilder, EntryKind};
@@ -68,6 +69,8 @@ pub(crate) struct Compactor {
     /// A commit failed without an answer (a connection cut mid-commit): it may have
     /// landed, so the next round first learns from the store how far compaction got.
     uncertain: AtomicBool,
+    /// Merges small segments after each round; `None` when merging is off.
+    merger: Option<Mutex<SegmentMerger>>,
 }
 
 /// What one round did.
@@ -78,6 +81,8 @@ pub struct CompactionStats {
     pub bytes: usize,
     /// Whether the round stopped at its size limit with more chunks waiting.
     pub more_waiting: bool,
+    /// Runs of small segments merged into one after the round.
+    pub merges: usize,
 }
 
 /// One stream's share of a round: its entries in order, and its checkpoint after them.
@@ -106,7 +111,15 @@ impl Compactor {
             obsolete_grace,
             state: Mutex::new(state),
             uncertain: AtomicBool::new(false),
+            merger: None,
         }
+    }
+
+    /// Merges small segments after each round from now on (see `segment_merge`).
+    pub fn merging_segments(mut self) -> Self {
+        let merger = SegmentMerger::new(self.metadata.clone(), self.objects.clone(), self.epoch);
+        self.merger = Some(Mutex::new(merger));
+        self
     }
 
     /// Runs one round. `live_streams` gives the live streams by id; it is asked only
@@ -288,11 +301,23 @@ impl Compactor {
             }
             state.checkpoints.insert(id, run.checkpoint);
         }
+        // Still under the state lock, so merges never overlap a round or a takeover.
+        let merges = match &self.merger {
+            Some(merger) => {
+                merger
+                    .lock()
+                    .await
+                    .after_round(&commit.segments, obsolete_after)
+                    .await
+            }
+            None => 0,
+        };
         let stats = CompactionStats {
             chunks: taken.len(),
             segments: segments.len(),
             bytes: written,
             more_waiting: taken.len() < chunks.len() || chunks.len() == MAX_CHUNKS_PER_ROUND,
+            merges,
         };
         if stats.chunks > 0 {
             tracing::debug!(?stats, "compacted WAL chunks into segments");

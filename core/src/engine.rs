@@ -59,6 +59,9 @@ pub struct EngineSettings {
     pub cluster: ClusterSettings,
     /// How often the stored bytes of every stream are read for the storage metrics.
     pub storage_metrics_interval: Duration,
+    /// Whether runs of small segments are merged after each compaction round (see
+    /// `segment_merge`), so that a slow stream's history costs few object reads.
+    pub merge_segments: bool,
 }
 
 impl Default for EngineSettings {
@@ -74,6 +77,7 @@ impl Default for EngineSettings {
             default_storage_class: StorageClass::Express,
             cluster: ClusterSettings::default(),
             storage_metrics_interval: Duration::from_secs(60),
+            merge_segments: true,
         }
     }
 }
@@ -201,7 +205,7 @@ impl Engine {
             membership.state(),
         );
         let obsolete_grace = settings.compaction_interval.max(MIN_OBSOLETE_GRACE);
-        let compactor = Arc::new(Compactor::new(
+        let compactor = Compactor::new(
             metadata.clone(),
             objects.clone(),
             wal_cache.clone(),
@@ -212,7 +216,11 @@ impl Engine {
                 checkpoints: Default::default(),
                 logs: Default::default(),
             },
-        ));
+        );
+        let compactor = Arc::new(match settings.merge_segments {
+            true => compactor.merging_segments(),
+            false => compactor,
+        });
         let appender = Arc::new(Appender::new(
             writer.appends,
             writer.task,
@@ -479,6 +487,7 @@ impl Engine {
             total.chunks += round.chunks;
             total.segments += round.segments;
             total.bytes += round.bytes;
+            total.merges += round.merges;
             if !round.more_waiting {
                 return Ok(total);
             }

@@ -50,6 +50,7 @@ mod record_store;
 mod registry;
 pub mod remote;
 mod segment;
+mod segment_merge;
 pub mod storage;
 mod stream;
 pub mod telemetry;

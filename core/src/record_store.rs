@@ -4,13 +4,19 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::cache::ChunkCache;
 use crate::error::{Error, Result};
 use crate::record::SequencedRecord;
 use crate::segment::{parse_segment_key, SegmentRecord};
 use crate::storage::{MetadataStore, ObjectStore};
 use crate::stream::{BatchLocation, Stored};
-use crate::wal::decode_entry;
+use crate::wal::{decode_entry, EntrySpan};
+
+/// How many times a read looks a batch up again when its segment keeps being merged
+/// away under it.
+const MAX_SEGMENT_LOOKS: usize = 3;
 
 pub(crate) struct RecordStore {
     metadata: Arc<dyn MetadataStore>,
@@ -47,44 +53,70 @@ impl RecordStore {
                 Some(chunk) => span.cut(key, &chunk)?,
                 None => self.objects.get_range(key, span.range()).await?,
             },
-            Stored::Segment => match self.segment_cache.get(key) {
-                Some(segment) => span.cut(key, &segment)?,
-                None => match self.objects.get(key).await? {
-                    Some(segment) if segment.len() as u64 >= span.range().end => {
-                        self.segment_cache.insert(key.clone(), segment.clone());
-                        span.cut(key, &segment)?
-                    }
-                    Some(_) => {
-                        return Err(Error::storage(format!(
-                            "segment `{key}` is shorter than its index says"
-                        )))
-                    }
-                    None => return self.vanished_segment(location).await,
-                },
+            Stored::Segment => match self.segment_entry(key, span).await? {
+                Some(bytes) => bytes,
+                None => return self.vanished_segment(location).await,
             },
         };
         Ok(decode_entry(key, bytes)?.1)
     }
 
-    /// A segment object that is not there is fine if the index dropped it meanwhile
-    /// (trimmed, expired or deleted records are no longer readable): no records. If the
-    /// index still has it, records that must be readable are missing.
+    /// The bytes at `span` of segment `key`, which is fetched whole and cached; `None` if
+    /// the object is gone.
+    async fn segment_entry(&self, key: &Arc<str>, span: EntrySpan) -> Result<Option<Bytes>> {
+        if let Some(segment) = self.segment_cache.get(key) {
+            return span.cut(key, &segment).map(Some);
+        }
+        match self.objects.get(key).await? {
+            Some(segment) if segment.len() as u64 >= span.range().end => {
+                self.segment_cache.insert(key.clone(), segment.clone());
+                span.cut(key, &segment).map(Some)
+            }
+            Some(_) => Err(Error::storage(format!(
+                "segment `{key}` is shorter than its index says"
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    /// A segment object that is not there: if the index merged it into another segment
+    /// meanwhile, the batch is read from there (merging keeps batches whole); if the
+    /// index dropped it (trimmed, expired or deleted records are no longer readable), no
+    /// records. If the index still has it, records that must be readable are missing.
     async fn vanished_segment(&self, location: &BatchLocation) -> Result<Vec<SequencedRecord>> {
         let key = &location.object;
         let stream_id = parse_segment_key(key)
             .ok_or_else(|| Error::storage(format!("`{key}` is not a segment key")))?
             .0;
-        let indexed = self
-            .segment_at(stream_id, location.start_seq)
-            .await?
-            .is_some_and(|segment| segment.key == **key);
-        if indexed {
-            return Err(Error::storage(format!(
-                "segment `{key}` is in the index but missing from the object store; \
-                 restore it from a backup"
-            )));
+        // Each look finds the segment that holds the batch now; a merged segment can
+        // itself be merged and deleted before it is read, so the look is repeated.
+        for _ in 0..MAX_SEGMENT_LOOKS {
+            let Some(segment) = self.segment_at(stream_id, location.start_seq).await? else {
+                return Ok(Vec::new());
+            };
+            if segment.key == **key {
+                return Err(Error::storage(format!(
+                    "segment `{key}` is in the index but missing from the object store; \
+                     restore it from a backup"
+                )));
+            }
+            let Some(entry) = segment
+                .entries
+                .iter()
+                .find(|e| e.start_seq == location.start_seq)
+            else {
+                return Ok(Vec::new()); // trimmed: the segment starts after the batch
+            };
+            let merged_key: Arc<str> = segment.key.as_str().into();
+            if let Some(bytes) = self.segment_entry(&merged_key, entry.span).await? {
+                return Ok(decode_entry(&merged_key, bytes)?.1);
+            }
         }
-        Ok(Vec::new())
+        Err(Error::Unavailable(format!(
+            "the segment holding records from {} of stream {stream_id} kept changing while \
+             being read; retry",
+            location.start_seq
+        )))
     }
 
     /// The stream's segment that holds `seq`, or else the first one after it.
@@ -154,5 +186,144 @@ impl RecordStore {
             .iter()
             .find(|r| r.timestamp >= timestamp)
             .map(|r| r.seq_num))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{BasinConfig, StreamConfig};
+    use crate::names::{BasinName, StreamName};
+    use crate::segment::{segment_key, CompactionCommit, SegmentEntry};
+    use crate::storage::memory::MemoryObjectStore;
+    use crate::storage::metadata::{BasinRecord, Created, StreamRecord};
+    use crate::storage::sql::SqlMetadataStore;
+    use crate::stream::BatchLocation;
+    use crate::wal::{ChunkBuilder, StoredRecord};
+    use time::OffsetDateTime;
+
+    /// A segment of stream `id` holding one one-record batch per body, from `start`.
+    fn segment(id: u64, start: u64, bodies: &[&str]) -> (SegmentRecord, Bytes) {
+        let mut builder = ChunkBuilder::with_capacity(64);
+        for (seq, body) in (start..).zip(bodies) {
+            let record = StoredRecord {
+                timestamp: seq,
+                headers: vec![],
+                body: Bytes::copy_from_slice(body.as_bytes()),
+            };
+            builder.push(id, seq, &[record]);
+        }
+        let (bytes, spans) = builder.finish();
+        let entries = (start..)
+            .zip(spans)
+            .map(|(seq, span)| SegmentEntry {
+                start_seq: seq,
+                end_seq: seq + 1,
+                last_timestamp: seq,
+                span,
+            })
+            .collect();
+        let record = SegmentRecord {
+            stream_id: id,
+            key: segment_key(id, start, 1),
+            written_at_ms: 1,
+            entries,
+        };
+        (record, bytes)
+    }
+
+    fn bodies(records: &[SequencedRecord]) -> Vec<&[u8]> {
+        records.iter().map(|r| r.body.as_ref()).collect()
+    }
+
+    /// A reader that found a batch in a segment before it was merged away (and deleted)
+    /// reads the batch from the merged segment; once the batch is trimmed, nothing.
+    #[tokio::test]
+    async fn a_batch_of_a_merged_away_segment_is_read_from_the_merged_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let metadata = Arc::new(
+            SqlMetadataStore::open_sqlite(&dir.path().join("metadata.db"))
+                .await
+                .unwrap(),
+        );
+        let objects = Arc::new(MemoryObjectStore::default());
+        let now = OffsetDateTime::now_utc();
+        let basin = BasinName::new("merge-test").unwrap();
+        metadata
+            .create_basin(BasinRecord {
+                name: basin.clone(),
+                location: "local".into(),
+                config: BasinConfig::default(),
+                created_at: now,
+                deleted_at: None,
+                idempotency_key: None,
+            })
+            .await
+            .unwrap();
+        let Created::New(stream) = metadata
+            .create_stream(StreamRecord {
+                id: 0,
+                basin,
+                name: StreamName::new("s").unwrap(),
+                config: StreamConfig::default(),
+                cipher: None,
+                created_at: now,
+                deleted_at: None,
+                idempotency_key: None,
+            })
+            .await
+            .unwrap()
+        else {
+            panic!("a new stream")
+        };
+        let (first, first_bytes) = segment(stream.id, 0, &["a", "b"]);
+        let (second, second_bytes) = segment(stream.id, 2, &["c"]);
+        objects.put(&first.key, first_bytes.clone()).await.unwrap();
+        objects
+            .put(&second.key, second_bytes.clone())
+            .await
+            .unwrap();
+        let commit = CompactionCommit {
+            segments: vec![first.clone(), second.clone()],
+            ..Default::default()
+        };
+        metadata.commit_compaction(&commit, now).await.unwrap();
+        let store = |cache| RecordStore::new(metadata.clone(), objects.clone(), cache, 1 << 20);
+        let wal_cache = Arc::new(ChunkCache::new(1 << 20));
+        let location = BatchLocation::in_segment(second.key.as_str().into(), &second.entries[0]);
+        assert_eq!(
+            bodies(&store(wal_cache.clone()).load(&location).await.unwrap()),
+            [b"c"]
+        );
+
+        // Merged, the old objects deleted: a fresh store (nothing cached) reads "c" from
+        // the merged segment, where the batch lies at another offset.
+        let (mut merged, merged_bytes) = segment(stream.id, 0, &["a", "b", "c"]);
+        merged.key = "segments/merged".into();
+        objects.put(&merged.key, merged_bytes).await.unwrap();
+        let replaced = [first.key.clone(), second.key.clone()];
+        assert!(metadata
+            .merge_segments(&merged, &replaced, None, now)
+            .await
+            .unwrap());
+        for key in &replaced {
+            objects.delete(key).await.unwrap();
+        }
+        assert_ne!(merged.entries[2].span, second.entries[0].span);
+        assert_eq!(
+            bodies(&store(wal_cache.clone()).load(&location).await.unwrap()),
+            [b"c"]
+        );
+
+        // Trimmed past it: the merged segment goes too, and the batch reads as nothing.
+        assert_eq!(
+            metadata
+                .drop_segments(stream.id, 3, 0, 10, now)
+                .await
+                .unwrap(),
+            1
+        );
+        objects.delete(&merged.key).await.unwrap();
+        assert!(store(wal_cache).load(&location).await.unwrap().is_empty());
     }
 }

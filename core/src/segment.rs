@@ -40,6 +40,13 @@ pub fn segment_prefix(stream_id: u64) -> String {
     format!("segments/{stream_id:020}/")
 }
 
+/// Object-store key of a segment that merges a stream's segments from `start_seq` up to
+/// `end_seq` (see [`plan_merge`]), written by the node of `epoch`. The end makes each
+/// merge's object new, so no reader or cache ever sees one key with two contents.
+pub fn merged_segment_key(stream_id: u64, start_seq: u64, end_seq: u64, epoch: u64) -> String {
+    format!("{}-{end_seq:020}", segment_key(stream_id, start_seq, epoch))
+}
+
 /// One WAL entry (one appended batch) inside a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegmentEntry {

@@ -644,7 +644,8 @@ async fn auto_creation_follows_the_basin_config() {
 }
 
 /// An object store that holds every WAL chunk put until the test lets it through, so
-/// the test decides when appends become durable; other objects pass.
+/// the test decides when appends become durable; other objects pass. It also counts
+/// the reads of segments.
 struct HeldWal {
     inner: Arc<dyn ObjectStore>,
     /// Whether WAL puts may go on to the store.
@@ -653,6 +654,7 @@ struct HeldWal {
     waiting: tokio::sync::watch::Sender<usize>,
     /// WAL puts made so far.
     puts: std::sync::atomic::AtomicUsize,
+    segment_gets: std::sync::atomic::AtomicUsize,
 }
 
 impl HeldWal {
@@ -662,6 +664,7 @@ impl HeldWal {
             open: tokio::sync::watch::Sender::new(true),
             waiting: tokio::sync::watch::Sender::new(0),
             puts: Default::default(),
+            segment_gets: Default::default(),
         }
     }
 
@@ -675,6 +678,13 @@ impl HeldWal {
         })
         .await;
         (engine, held.expect("the engine's object store"))
+    }
+
+    fn count_segment_read(&self, key: &str) {
+        if key.starts_with("segments/") {
+            self.segment_gets
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     /// Waits until `count` WAL puts are held.
@@ -700,6 +710,7 @@ impl ObjectStore for HeldWal {
         self.inner.put(key, data).await
     }
     async fn get(&self, key: &str) -> streamgate_core::Result<Option<Bytes>> {
+        self.count_segment_read(key);
         self.inner.get(key).await
     }
     async fn get_range(
@@ -707,6 +718,7 @@ impl ObjectStore for HeldWal {
         key: &str,
         range: std::ops::Range<u64>,
     ) -> streamgate_core::Result<Bytes> {
+        self.count_segment_read(key);
         self.inner.get_range(key, range).await
     }
     async fn list(&self, prefix: &str) -> streamgate_core::Result<Vec<String>> {
@@ -1044,6 +1056,8 @@ async fn trims_retention_delete_on_empty_and_deletion_remove_whole_objects() {
     let dir = tempfile::tempdir().unwrap();
     let settings = EngineSettings {
         compaction_interval: Duration::from_millis(100),
+        // Each round's segment stays its own, so that trims can drop some of them.
+        merge_segments: false,
         ..Default::default()
     };
     let engine = open_with(dir.path(), settings).await;
@@ -1357,4 +1371,80 @@ async fn consumer_groups_survive_a_crash_from_the_log_and_from_checkpoints() {
         }
     }
     assert!(snapshot(&engine).await.is_empty());
+}
+
+/// A stream appending a little at a time gets a small segment per compaction round; the
+/// rounds merge them, so reading its history back costs a few object reads rather than
+/// one per round, returns every record as appended, and keeps doing so across a restart
+/// (which forgets what the merger remembered).
+#[tokio::test]
+async fn small_segments_merge_so_a_slow_streams_history_costs_few_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let manual = EngineSettings {
+        compaction_interval: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let (engine, _) = HeldWal::open(dir.path(), manual.clone()).await;
+    let s = setup(&engine, "slow").await;
+    let mut expected = Vec::new();
+    let mut merges = 0;
+    for round in 0..40 {
+        merges += append_a_round_and_compact(&engine, &s, round, &mut expected).await;
+    }
+    assert!(merges >= 10, "{merges} merges in 40 rounds");
+
+    // A restart forgets the merger's memory; the next rounds look the stream up and go on.
+    engine.engine.shutdown().await;
+    drop(engine);
+    let (engine, _) = HeldWal::open(dir.path(), manual.clone()).await;
+    let mut merges_after_restart = 0;
+    for round in 40..64 {
+        merges_after_restart += append_a_round_and_compact(&engine, &s, round, &mut expected).await;
+    }
+    assert!(
+        merges_after_restart >= 5,
+        "{merges_after_restart} merges after the restart"
+    );
+    engine.engine.shutdown().await;
+    drop(engine);
+
+    // Cold (after a restart): every record back in order, in a few segment reads.
+    let (engine, store) = HeldWal::open(dir.path(), manual).await;
+    let got: Vec<String> = read_all(&engine, &s, ReadStart::SeqNum(0))
+        .await
+        .into_iter()
+        .map(|(_, _, body)| body)
+        .collect();
+    assert_eq!(got, expected);
+    let reads = store.segment_gets.load(std::sync::atomic::Ordering::SeqCst);
+    // 64 rounds of one entry: base-4 merging leaves at most 3 runs each of 16, 4 and 1
+    // rounds after the first full 64 (at most one merge happens per round).
+    assert!(
+        (1..=10).contains(&reads),
+        "{reads} segment reads for 64 rounds' segments"
+    );
+    // Reads from the middle land in the merged segments too.
+    let from_middle = read_all(&engine, &s, ReadStart::SeqNum(100)).await;
+    assert_eq!(from_middle.len(), expected.len() - 100);
+    assert_eq!(from_middle[0].2, expected[100]);
+}
+
+/// Appends one batch of three records to `s` (noting their bodies in `expected`) and
+/// compacts; how many merges the compaction made.
+async fn append_a_round_and_compact(
+    engine: &TestEngine,
+    s: &StreamName,
+    round: usize,
+    expected: &mut Vec<String>,
+) -> usize {
+    let bodies: Vec<String> = (0..3).map(|i| format!("r{round}-{i}")).collect();
+    let refs: Vec<&str> = bodies.iter().map(String::as_str).collect();
+    engine
+        .append(&basin(), s, records(&refs), None)
+        .await
+        .unwrap();
+    expected.extend(bodies);
+    let stats = engine.engine.compact().await.unwrap();
+    assert_eq!(stats.segments, 1, "one new segment a round: {stats:?}");
+    stats.merges
 }

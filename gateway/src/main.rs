@@ -455,7 +455,7 @@ fn print_banner(
     );
     let settings = engine.settings();
     println!(
-        "  compaction:    every {} ms into per-stream segments; lifecycle every {} s",
+        "  compaction:    every {} ms into per-stream segments (small ones merged); lifecycle every {} s",
         settings.compaction_interval.as_millis(),
         settings.reap_interval.as_secs()
     );

@@ -609,11 +609,18 @@ async fn verify_all(endpoint: &str, history: &Arc<Mutex<History>>) -> usize {
 
 /// The server aborts at each step of a compaction round in turn: with the segments
 /// written but not indexed, and with the index committed but the compacted WAL chunks
-/// not yet deleted. After each crash every acknowledged record is there exactly once,
-/// and compaction then completes and keeps it so across another restart.
+/// not yet deleted; then at each step of a merge of small segments: with the merged
+/// segment written but not indexed, and with it indexed in place of the ones it merged.
+/// After each crash every acknowledged record is there exactly once, and compaction then
+/// completes and keeps it so across another restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_crash_in_the_middle_of_compaction_loses_nothing() {
-    for point in ["compaction:segments-written", "compaction:committed"] {
+    for point in [
+        "compaction:segments-written",
+        "compaction:committed",
+        "merge:written",
+        "merge:committed",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let mut server = Server::start_with(dir.path(), &["--compaction-interval-ms", "700"]);
         let endpoint = server.endpoint.clone();

@@ -329,6 +329,29 @@ impl MetadataStore for Deadlines {
         metadata_call(REQUEST_DEADLINE, "looking up a segment", call).await
     }
 
+    async fn newest_segments(&self, stream_id: u64, limit: usize) -> Result<Vec<SegmentRecord>> {
+        let call = self.store.newest_segments(stream_id, limit);
+        metadata_call(
+            REQUEST_DEADLINE,
+            "looking up a stream's newest segments",
+            call,
+        )
+        .await
+    }
+
+    async fn merge_segments(
+        &self,
+        merged: &SegmentRecord,
+        replaced: &[String],
+        committed_by: Option<u64>,
+        obsolete_after: OffsetDateTime,
+    ) -> Result<bool> {
+        let call = self
+            .store
+            .merge_segments(merged, replaced, committed_by, obsolete_after);
+        metadata_call(REQUEST_DEADLINE, "merging segments", call).await
+    }
+
     async fn drop_segments(
         &self,
         stream_id: u64,

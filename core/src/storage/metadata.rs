@@ -191,6 +191,20 @@ pub trait MetadataStore: Send + Sync + 'static {
         stream_id: u64,
         timestamp: u64,
     ) -> Result<Option<SegmentRecord>>;
+    /// A stream's newest `limit` segments, in sequence order.
+    async fn newest_segments(&self, stream_id: u64, limit: usize) -> Result<Vec<SegmentRecord>>;
+    /// Replaces the segment rows whose objects are `replaced` (in order, and exactly the
+    /// stream's rows from `merged`'s start up to its end) with `merged`, in one
+    /// transaction, and records their objects as obsolete from `obsolete_after`. Changes
+    /// nothing and returns `false` when the rows are not exactly those any more, when the
+    /// stream is gone, or when `committed_by` is given and another node holds the stream.
+    async fn merge_segments(
+        &self,
+        merged: &SegmentRecord,
+        replaced: &[String],
+        committed_by: Option<u64>,
+        obsolete_after: OffsetDateTime,
+    ) -> Result<bool>;
     /// Removes up to `limit` of a stream's oldest segments that lie wholly below
     /// `trim_point` or were written before `written_before_ms` (expired), recording their
     /// objects as obsolete from `obsolete_after`; how many it removed.
@@ -1102,6 +1116,73 @@ async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
         )
         .await
         .unwrap();
+
+    // Merging replaces exactly the rows it read with one, in one step.
+    store
+        .commit_compaction(
+            &CompactionCommit {
+                segments: vec![segment(live, 40, 50, 500), segment(live, 50, 60, 600)],
+                checkpoints: vec![(live, checkpoint(60))],
+                ..Default::default()
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    let parts = store.newest_segments(live, 10).await.unwrap();
+    let starts: Vec<u64> = parts.iter().map(|s| s.start_seq()).collect();
+    assert_eq!(starts, [30, 40, 50]);
+    assert_eq!(store.newest_segments(live, 2).await.unwrap(), parts[1..]);
+    let merged = SegmentRecord {
+        stream_id: live,
+        key: "segments/merged".into(),
+        written_at_ms: 600,
+        entries: parts[1..].iter().flat_map(|s| s.entries.clone()).collect(),
+    };
+    let replaced = [parts[1].key.clone(), parts[2].key.clone()];
+    // Not the rows the index has, or not a live stream: nothing changes.
+    for (merged, replaced) in [
+        (&merged, &replaced[..1]),
+        (
+            &SegmentRecord {
+                stream_id: gone,
+                ..merged.clone()
+            },
+            &replaced[..],
+        ),
+    ] {
+        assert!(!store
+            .merge_segments(merged, replaced, None, now)
+            .await
+            .unwrap());
+    }
+    assert_eq!(store.newest_segments(live, 10).await.unwrap(), parts);
+    assert!(store
+        .merge_segments(&merged, &replaced, None, now)
+        .await
+        .unwrap());
+    assert_eq!(
+        store.newest_segments(live, 10).await.unwrap(),
+        [parts[0].clone(), merged.clone()]
+    );
+    assert_eq!(
+        store.segment_at(live, 45).await.unwrap(),
+        Some(merged.clone())
+    );
+    assert_eq!(
+        store.segment_at(live, 55).await.unwrap(),
+        Some(merged.clone())
+    );
+    // Done once: the same merge again finds other rows.
+    assert!(!store
+        .merge_segments(&merged, &replaced, None, now)
+        .await
+        .unwrap());
+    let mut obsolete = store.obsolete_objects(now, 10).await.unwrap();
+    obsolete.sort();
+    assert_eq!(obsolete, replaced);
+    store.forget_obsolete_objects(&obsolete).await.unwrap();
+
     store.remove_stream(live).await.unwrap();
     assert!(store.segment_at(live, 0).await.unwrap().is_none());
     assert!(store.stream_checkpoints().await.unwrap().is_empty());
@@ -1110,6 +1191,6 @@ async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
             .obsolete_objects(OffsetDateTime::now_utc(), 10)
             .await
             .unwrap(),
-        [segment_key(live, 30, 1)]
+        [segment_key(live, 30, 1), "segments/merged".into()]
     );
 }

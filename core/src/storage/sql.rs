@@ -481,6 +481,48 @@ async fn mark_obsolete(
     Ok(())
 }
 
+/// Whether stream `id` is live (`None` if not) and, if so, which node holds its lease
+/// (`None` without one), inside a transaction.
+async fn live_stream_owner(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    id: u64,
+) -> Result<Option<Option<i64>>> {
+    sqlx::query_scalar(
+        "SELECT l.owner FROM streams s LEFT JOIN stream_leases l ON l.stream_id = s.id \
+         WHERE s.id = $1 AND s.deleted_at_ms IS NULL",
+    )
+    .bind(id as i64)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db)
+}
+
+/// Indexes `segment`, replacing a row that starts where it does, inside a transaction.
+async fn upsert_segment(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    segment: &SegmentRecord,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO segments (stream_id, start_seq, end_seq, last_timestamp, object_key, written_at_ms, entries, stored_bytes) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream_id, start_seq) DO UPDATE SET \
+         end_seq = excluded.end_seq, last_timestamp = excluded.last_timestamp, \
+         object_key = excluded.object_key, written_at_ms = excluded.written_at_ms, \
+         entries = excluded.entries, stored_bytes = excluded.stored_bytes",
+    )
+    .bind(segment.stream_id as i64)
+    .bind(column(segment.start_seq()))
+    .bind(column(segment.end_seq()))
+    .bind(column(segment.last_timestamp()))
+    .bind(&segment.key)
+    .bind(column(segment.written_at_ms))
+    .bind(segment.encode_entries())
+    .bind(column(segment.stored_bytes()))
+    .execute(&mut **tx)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
 /// Moves a stream's segment rows that start at or below `through_start` into the
 /// obsolete objects, inside a transaction.
 async fn retire_segments(
@@ -961,14 +1003,7 @@ impl MetadataStore for SqlMetadataStore {
         let ids = commit.segments.iter().map(|s| s.stream_id);
         for id in ids.chain(commit.checkpoints.iter().map(|(id, _)| *id)) {
             if let std::collections::hash_map::Entry::Vacant(slot) = live.entry(id) {
-                let owner: Option<Option<i64>> = sqlx::query_scalar(
-                    "SELECT l.owner FROM streams s LEFT JOIN stream_leases l ON l.stream_id = s.id \
-                     WHERE s.id = $1 AND s.deleted_at_ms IS NULL",
-                )
-                .bind(id as i64)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(db)?;
+                let owner = live_stream_owner(&mut tx, id).await?;
                 // A node commits only for streams it holds: one it handed over is
                 // rebuilt by its new owner from the log, and must not be indexed twice.
                 if let (Some(node), Some(Some(owner))) = (commit.committed_by, owner) {
@@ -988,24 +1023,7 @@ impl MetadataStore for SqlMetadataStore {
                 orphans.push(segment.key.clone());
                 continue;
             }
-            sqlx::query(
-                "INSERT INTO segments (stream_id, start_seq, end_seq, last_timestamp, object_key, written_at_ms, entries, stored_bytes) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (stream_id, start_seq) DO UPDATE SET \
-                 end_seq = excluded.end_seq, last_timestamp = excluded.last_timestamp, \
-                 object_key = excluded.object_key, written_at_ms = excluded.written_at_ms, \
-                 entries = excluded.entries, stored_bytes = excluded.stored_bytes",
-            )
-            .bind(segment.stream_id as i64)
-            .bind(column(segment.start_seq()))
-            .bind(column(segment.end_seq()))
-            .bind(column(segment.last_timestamp()))
-            .bind(&segment.key)
-            .bind(column(segment.written_at_ms))
-            .bind(segment.encode_entries())
-            .bind(column(segment.stored_bytes()))
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
+            upsert_segment(&mut tx, segment).await?;
         }
         for (id, checkpoint) in commit.checkpoints.iter().filter(|(id, _)| live[id]) {
             sqlx::query(
@@ -1116,6 +1134,72 @@ impl MetadataStore for SqlMetadataStore {
         .as_ref()
         .map(segment_from_row)
         .transpose()
+    }
+
+    async fn newest_segments(&self, stream_id: u64, limit: usize) -> Result<Vec<SegmentRecord>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {SEGMENT_COLUMNS} FROM segments WHERE stream_id = $1 \
+             ORDER BY start_seq DESC LIMIT $2"
+        ))
+        .bind(stream_id as i64)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?;
+        let mut segments = rows
+            .iter()
+            .map(segment_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        segments.reverse();
+        Ok(segments)
+    }
+
+    async fn merge_segments(
+        &self,
+        merged: &SegmentRecord,
+        replaced: &[String],
+        committed_by: Option<u64>,
+        obsolete_after: OffsetDateTime,
+    ) -> Result<bool> {
+        let mut tx = self.write_transaction().await?;
+        if let Some(node) = committed_by {
+            self.check_intact(&mut tx, node).await?;
+        }
+        let held_elsewhere = match live_stream_owner(&mut tx, merged.stream_id).await? {
+            None => true, // gone
+            Some(owner) => {
+                matches!((committed_by, owner), (Some(node), Some(owner)) if owner != node as i64)
+            }
+        };
+        if held_elsewhere {
+            return Ok(false);
+        }
+        let current: Vec<String> = sqlx::query_scalar(
+            "SELECT object_key FROM segments WHERE stream_id = $1 AND start_seq >= $2 \
+             AND start_seq < $3 ORDER BY start_seq",
+        )
+        .bind(merged.stream_id as i64)
+        .bind(column(merged.start_seq()))
+        .bind(column(merged.end_seq()))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db)?;
+        if current != replaced {
+            return Ok(false);
+        }
+        sqlx::query(
+            "DELETE FROM segments WHERE stream_id = $1 AND start_seq >= $2 AND start_seq < $3",
+        )
+        .bind(merged.stream_id as i64)
+        .bind(column(merged.start_seq()))
+        .bind(column(merged.end_seq()))
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+        upsert_segment(&mut tx, merged).await?;
+        mark_obsolete(&mut tx, replaced, obsolete_after).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(true)
     }
 
     async fn drop_segments(

@@ -22,6 +22,8 @@ use crate::error::{Error, Result};
 use crate::record::{Header, SequencedRecord};
 
 const MAGIC: &[u8; 8] = b"SGWAL\0\0\x01";
+/// Bytes of a chunk (or segment) before its first entry.
+pub(crate) const CHUNK_HEADER_BYTES: usize = MAGIC.len();
 /// Size of an entry's fixed part after its length and CRC.
 const ENTRY_FIXED: usize = 8 + 8 + 4;
 
