@@ -49,9 +49,10 @@ pub const MAX_MERGE_SPAN_MS: u64 = 60 * 60 * 1000;
 const WINDOW: usize = 32;
 /// Bytes merged at most per compaction round; the rest waits for the next one.
 const MAX_BYTES_PER_ROUND: u64 = 64 * 1024 * 1024;
-/// Streams whose newest segments are remembered between rounds; past this the memory is
-/// cleared and rebuilt from the index as streams are compacted again.
-const MAX_REMEMBERED_STREAMS: usize = 100_000;
+/// Streams whose open segments are remembered between rounds (a few hundred bytes
+/// each); past this the memory is cleared and rebuilt from the index as streams are
+/// compacted again.
+const MAX_REMEMBERED_STREAMS: usize = 50_000;
 
 /// What the merge policy needs to know of a segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,14 +120,21 @@ fn worth_merging(run: &[SegmentSummary]) -> bool {
     largest.is_some_and(|largest| largest * GROWTH <= total) || total * 100 >= FULL * CLOSED_PERCENT
 }
 
+/// What the merger remembers of a stream: where its segments ended, and its open ones.
+struct KnownTail {
+    end_seq: u64,
+    open: Vec<SegmentSummary>,
+}
+
 /// Merges segments after compaction rounds; remembers each stream's newest segments so
 /// that a round costs no index lookups for streams it merged or wrote before.
 pub(crate) struct SegmentMerger {
     metadata: Arc<dyn MetadataStore>,
     objects: Arc<dyn ObjectStore>,
     epoch: u64,
-    /// Per stream, its newest segments as last seen (at most [`WINDOW`]).
-    tails: HashMap<u64, Vec<SegmentSummary>>,
+    /// Per stream, where its segments ended when last seen, and those that may still
+    /// merge (after its last closed one).
+    tails: HashMap<u64, KnownTail>,
 }
 
 impl SegmentMerger {
@@ -165,6 +173,11 @@ impl SegmentMerger {
         let mut budget = MAX_BYTES_PER_ROUND;
         let mut merges = 0;
         for (stream_id, new) in by_stream {
+            if new.last().is_some_and(is_closed) {
+                // Nothing before a closed segment merges: no need to look.
+                self.remember(stream_id, new);
+                continue;
+            }
             let tail = match self.tail_with(stream_id, new).await {
                 Ok(tail) => tail,
                 Err(err) => {
@@ -173,13 +186,13 @@ impl SegmentMerger {
                 }
             };
             let Some(range) = plan_merge(&tail) else {
-                self.tails.insert(stream_id, tail);
+                self.remember(stream_id, tail);
                 continue;
             };
             let run = &tail[range.clone()];
             let bytes: u64 = run.iter().map(|s| s.bytes).sum();
             if bytes > budget {
-                self.tails.insert(stream_id, tail);
+                self.remember(stream_id, tail);
                 continue;
             }
             budget -= bytes;
@@ -187,7 +200,7 @@ impl SegmentMerger {
                 Ok(Some(merged)) => {
                     let mut tail = tail;
                     tail.splice(range, [merged]);
-                    self.tails.insert(stream_id, tail);
+                    self.remember(stream_id, tail);
                     merges += 1;
                 }
                 Ok(None) => {} // the index changed meanwhile: looked up afresh next time
@@ -199,6 +212,21 @@ impl SegmentMerger {
         merges
     }
 
+    /// Keeps the part of a stream's newest segments that may still merge: what follows
+    /// its last closed segment.
+    fn remember(&mut self, stream_id: u64, mut tail: Vec<SegmentSummary>) {
+        let Some(end_seq) = tail.last().map(|s| s.end_seq) else {
+            return;
+        };
+        let open_from = tail.iter().rposition(is_closed).map_or(0, |i| i + 1);
+        tail.drain(..open_from);
+        let known = KnownTail {
+            end_seq,
+            open: tail,
+        };
+        self.tails.insert(stream_id, known);
+    }
+
     /// The stream's newest segments, ending with `new` (just committed): from memory when
     /// they continue it, else from the index.
     async fn tail_with(
@@ -207,7 +235,8 @@ impl SegmentMerger {
         new: Vec<SegmentSummary>,
     ) -> Result<Vec<SegmentSummary>> {
         let mut tail = match self.tails.remove(&stream_id) {
-            Some(mut tail) if tail.last().map(|s| s.end_seq) == Some(new[0].start_seq) => {
+            Some(known) if known.end_seq == new[0].start_seq => {
+                let mut tail = known.open;
                 tail.extend(new);
                 tail
             }
