@@ -11,7 +11,8 @@
 //! (`.recycled/`), and linked in as the next prepared files. On ext4 without a journal
 //! every new inode is found by skipping each inode freed in the last half minute, so at
 //! thousands of chunks a second, creating and deleting a file apiece cost about a
-//! millisecond of kernel CPU per chunk; reusing inodes frees none.
+//! millisecond of kernel CPU per chunk; reusing inodes frees none. A new process adopts
+//! the pool its predecessor left, rather than freeing it all at once.
 //!
 //! A crash during a put can leave a torn file behind, so every file ends with a footer
 //! (length, CRC-32, magic) and a file whose footer does not check out reads as absent:
@@ -227,16 +228,10 @@ impl LocalDirObjectStore {
     pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
         let root = root.into();
         open_dir_durably(&root).map_err(|e| io_error(&root, e))?;
-        // An earlier process's spares are not tracked: start the pool afresh.
-        let spares_dir = root.join(RECYCLED_DIR);
-        match fs::remove_dir_all(&spares_dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(io_error(&spares_dir, e))
-            }
-            _ => {}
-        }
         remove_leftovers(&root)?;
-        fs::create_dir(&spares_dir).map_err(|e| io_error(&spares_dir, e))?;
+        let spares_dir = root.join(RECYCLED_DIR);
+        let spares = adopt_spares(&spares_dir).map_err(|e| io_error(&spares_dir, e))?;
+        let next_spare = spares.iter().max().map_or(0, |n| n + 1);
         Ok(Self {
             root,
             temp_counter: Arc::new(AtomicU64::new(0)),
@@ -244,8 +239,8 @@ impl LocalDirObjectStore {
             preparer: Arc::default(),
             spares: Arc::new(Spares {
                 dir: spares_dir,
-                files: Mutex::new(Vec::new()),
-                counter: AtomicU64::new(0),
+                files: Mutex::new(spares),
+                counter: AtomicU64::new(next_spare),
             }),
         })
     }
@@ -616,11 +611,62 @@ fn file_len(entry: &fs::DirEntry) -> Result<Option<u64>> {
     }
 }
 
-/// Removes temporary files and prepared files, none of which is an object.
+/// Takes an earlier process's spare files into the pool (creating the pool's directory
+/// if need be): their numbers. Adopting them, rather than deleting them, spares the next
+/// minutes' new files the cost of skipping thousands of freshly freed inodes (see the
+/// module's docs). Only a file that is nothing but a spare is kept: one whose inode has
+/// another name (a crash between linking it in as a prepared file and unlinking its
+/// spare name) is an object's or a prepared file's, and only its spare name goes.
+fn adopt_spares(dir: &Path) -> std::io::Result<Vec<u64>> {
+    match fs::create_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let mut adopted = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        let metadata = fs::symlink_metadata(&path)?;
+        let number = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u64>().ok());
+        match number {
+            Some(number) if is_only_a_spare(&metadata) && adopted.len() < MAX_RECYCLED => {
+                if metadata.len() != 0 {
+                    OpenOptions::new().write(true).open(&path)?.set_len(0)?;
+                }
+                adopted.push(number);
+            }
+            _ if metadata.is_dir() => fs::remove_dir_all(&path)?,
+            _ => fs::remove_file(&path)?,
+        }
+    }
+    Ok(adopted)
+}
+
+/// Whether a file in the spare pool has no name but its spare name.
+fn is_only_a_spare(metadata: &fs::Metadata) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        metadata.is_file() && metadata.nlink() == 1
+    }
+    #[cfg(not(unix))]
+    {
+        metadata.is_file()
+    }
+}
+
+/// Removes temporary files and prepared files, none of which is an object (the spare
+/// pool's files are empty too, and are left to it).
 fn remove_leftovers(dir: &Path) -> Result<()> {
     for entry in fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
         let entry = entry.map_err(|e| io_error(dir, e))?;
         let path = entry.path();
+        if entry.file_name() == RECYCLED_DIR {
+            continue;
+        }
         if entry.file_type().map_err(|e| io_error(&path, e))?.is_dir() {
             remove_leftovers(&path)?;
         } else if path.to_string_lossy().ends_with(TEMP_SUFFIX) || file_len(&entry)? == Some(0) {
@@ -707,18 +753,38 @@ mod tests {
         let opened = early_reader.metadata().unwrap();
         assert!(!still_named(&opened, &dir.path().join("wal/1")).unwrap());
         assert_eq!(store.list("").await.unwrap(), vec!["wal/2".to_string()]);
-        // Spares are not objects, and a new process starts its pool afresh.
+        // Spares are not objects, and a new process adopts them: its first prepare
+        // reuses the file again. A spare name whose inode has another name (a crash
+        // between linking a spare in and unlinking its spare name) is dropped instead.
         store.delete("wal/2").await.unwrap();
         drop(store);
+        fs::write(dir.path().join("wal/3-object"), b"an object's bytes").unwrap();
+        let linked_spare = dir.path().join(RECYCLED_DIR).join("77");
+        fs::hard_link(dir.path().join("wal/3-object"), &linked_spare).unwrap();
         let reopened = LocalDirObjectStore::open(dir.path()).unwrap();
-        assert!(reopened.list("").await.unwrap().is_empty());
+        assert_eq!(reopened.list("wal/2").await.unwrap(), Vec::<String>::new());
+        assert!(
+            !linked_spare.exists(),
+            "a spare with another name is dropped"
+        );
         assert_eq!(
             fs::read_dir(dir.path().join(RECYCLED_DIR)).unwrap().count(),
-            0
+            1
         );
         assert!(
             reopened.get(".recycled/0").await.is_err(),
             "no key names the pool"
+        );
+        reopened.prepare(&["wal/4".into()]).await.unwrap();
+        assert_eq!(
+            fs::metadata(dir.path().join("wal/4")).unwrap().ino(),
+            inode,
+            "the new process's prepare reused the file"
+        );
+        assert_eq!(
+            fs::read(dir.path().join("wal/3-object")).unwrap(),
+            b"an object's bytes",
+            "the other name's file is untouched"
         );
     }
 
