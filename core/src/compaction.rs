@@ -301,13 +301,15 @@ impl Compactor {
             }
             state.checkpoints.insert(id, run.checkpoint);
         }
-        // Still under the state lock, so merges never overlap a round or a takeover.
+        // Not under the state lock: a takeover or a hand-off need not wait for merges,
+        // whose own transaction checks that nothing they replace has changed.
+        drop(state);
         let merges = match &self.merger {
             Some(merger) => {
                 merger
                     .lock()
                     .await
-                    .after_round(&commit.segments, obsolete_after)
+                    .after_round(&commit.segments, self.obsolete_grace)
                     .await
             }
             None => 0,

@@ -174,8 +174,10 @@ impl Lifecycle {
     }
 
     /// A stream's oldest segment (where it ends, when it was written), as last read from
-    /// the index: it changes only when this node drops segments (which forgets it) or,
-    /// for a stream without segments, when compaction moves `compacted` on. So a pass
+    /// the index: it changes only when this node drops segments (which forgets it), when
+    /// a merge folds it into a later-written one (the remembered one then expires early:
+    /// one drop finds nothing and forgets it) or, for a stream without segments, when
+    /// compaction moves `compacted` on. So a pass
     /// reads the index for a stream only when something may have changed, and the
     /// metadata load does not grow with the number of streams.
     async fn oldest_segment(&self, stream_id: u64, compacted: u64) -> Result<Option<(u64, u64)>> {

@@ -90,11 +90,13 @@ impl RecordStore {
             .0;
         // Each look finds the segment that holds the batch now; a merged segment can
         // itself be merged and deleted before it is read, so the look is repeated.
+        let mut missing: Arc<str> = key.clone();
         for _ in 0..MAX_SEGMENT_LOOKS {
             let Some(segment) = self.segment_at(stream_id, location.start_seq).await? else {
                 return Ok(Vec::new());
             };
-            if segment.key == **key {
+            if segment.key == *missing {
+                let key = &missing;
                 return Err(Error::storage(format!(
                     "segment `{key}` is in the index but missing from the object store; \
                      restore it from a backup"
@@ -111,6 +113,7 @@ impl RecordStore {
             if let Some(bytes) = self.segment_entry(&merged_key, entry.span).await? {
                 return Ok(decode_entry(&merged_key, bytes)?.1);
             }
+            missing = merged_key;
         }
         Err(Error::Unavailable(format!(
             "the segment holding records from {} of stream {stream_id} kept changing while \

@@ -41,10 +41,18 @@ pub fn segment_prefix(stream_id: u64) -> String {
 }
 
 /// Object-store key of a segment that merges a stream's segments from `start_seq` up to
-/// `end_seq` (see [`plan_merge`]), written by the node of `epoch`. The end makes each
+/// `end_seq` (see `segment_merge`), written by the node of `epoch`. The end makes each
 /// merge's object new, so no reader or cache ever sees one key with two contents.
 pub fn merged_segment_key(stream_id: u64, start_seq: u64, end_seq: u64, epoch: u64) -> String {
     format!("{}-{end_seq:020}", segment_key(stream_id, start_seq, epoch))
+}
+
+/// Whether `key` is a [`merged_segment_key`] (its records were compacted at several
+/// times), not one compaction round's segment.
+pub fn is_merged_segment_key(key: &str) -> bool {
+    key.rsplit('/')
+        .next()
+        .is_some_and(|name| name.matches('-').count() == 2)
 }
 
 /// One WAL entry (one appended batch) inside a segment.
@@ -232,5 +240,9 @@ mod tests {
             Some((7, 10))
         );
         assert_eq!(parse_segment_key("wal/1/2"), None);
+        let merged = merged_segment_key(7, 10, 30, 3);
+        assert_eq!(parse_segment_key(&merged), Some((7, 10)));
+        assert!(is_merged_segment_key(&merged));
+        assert!(!is_merged_segment_key(&segment_key(7, 10, 3)));
     }
 }

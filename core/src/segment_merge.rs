@@ -17,19 +17,26 @@
 //! the rows are still the ones merged (retention, or a node that took the stream over,
 //! may have changed them meanwhile) and that this node still holds the stream. The old
 //! objects become obsolete and are deleted after the same grace as compacted chunks, so
-//! reads already under way finish. A crash before the commit leaves an unindexed object
-//! behind; nothing reads it.
+//! reads already under way finish (and a read that comes later finds the batch in the
+//! merged segment). A crash before the commit, or a commit whose outcome is unknown,
+//! leaves the new object behind unindexed: nothing reads it, and it goes with its stream.
+//!
+//! Merges run after the round, outside the compaction state lock, at most
+//! [`MAX_MERGES_PER_ROUND`] per round; streams whose merge had to wait go first in the
+//! next round, whether or not they got new records.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 use time::OffsetDateTime;
 
 use crate::crash_point::crash_point;
 use crate::error::{Error, Result};
 use crate::segment::{
-    merged_segment_key, SegmentEntry, SegmentRecord, MAX_SEGMENT_BYTES, MAX_SEGMENT_ENTRIES,
+    is_merged_segment_key, merged_segment_key, SegmentEntry, SegmentRecord, MAX_SEGMENT_BYTES,
+    MAX_SEGMENT_ENTRIES,
 };
 use crate::storage::{MetadataStore, ObjectStore};
 use crate::wal::{ChunkBuilder, CHUNK_HEADER_BYTES};
@@ -41,17 +48,18 @@ const GROWTH: u64 = 4;
 /// A segment filled to this share of either limit (bytes or entries) is closed: it is
 /// never merged again. A merge may close a segment with any run that fits.
 const CLOSED_PERCENT: u64 = 75;
-/// Segments written further apart than this are not merged. Retention ages a segment by
-/// its newest write, so a merged segment keeps its oldest records up to this much longer
-/// than their age alone would.
+/// A merge never makes a segment whose writes (by compaction) lie further apart than
+/// this. Retention ages a segment by its newest write, so a merged segment keeps its
+/// oldest records up to this much longer than their age alone would.
 pub const MAX_MERGE_SPAN_MS: u64 = 60 * 60 * 1000;
 /// How many of a stream's newest segments the policy looks at.
 const WINDOW: usize = 32;
-/// Bytes merged at most per compaction round; the rest waits for the next one.
+/// Bytes and merges at most per compaction round; the rest waits for the next one.
 const MAX_BYTES_PER_ROUND: u64 = 64 * 1024 * 1024;
-/// Streams whose open segments are remembered between rounds (a few hundred bytes
-/// each); past this the memory is cleared and rebuilt from the index as streams are
-/// compacted again.
+pub const MAX_MERGES_PER_ROUND: usize = 32;
+/// Streams whose open segments are remembered between rounds (up to a few KiB each: a
+/// slow stream has a dozen or two open segments); past this the memory is cleared and
+/// rebuilt from the index as streams are compacted again.
 const MAX_REMEMBERED_STREAMS: usize = 50_000;
 
 /// What the merge policy needs to know of a segment.
@@ -62,11 +70,15 @@ pub(crate) struct SegmentSummary {
     pub end_seq: u64,
     pub entries: u64,
     pub bytes: u64,
+    /// When compaction wrote its newest part (what retention goes by).
     pub written_at_ms: u64,
+    /// No later than when compaction wrote its oldest part.
+    pub oldest_written_at_ms: u64,
 }
 
-impl From<&SegmentRecord> for SegmentSummary {
-    fn from(record: &SegmentRecord) -> Self {
+impl SegmentSummary {
+    /// A segment one round of compaction wrote.
+    fn written(record: &SegmentRecord) -> Self {
         SegmentSummary {
             key: record.key.clone(),
             start_seq: record.start_seq(),
@@ -74,6 +86,48 @@ impl From<&SegmentRecord> for SegmentSummary {
             entries: record.entries.len() as u64,
             bytes: record.stored_bytes(),
             written_at_ms: record.written_at_ms,
+            oldest_written_at_ms: record.written_at_ms,
+        }
+    }
+
+    /// Consecutive segments as the index has them. The index keeps only a segment's
+    /// newest write; for a merged one, the write of the segment before it bounds its
+    /// oldest from below (its first records were compacted after those). The first one
+    /// read, if merged, gets 0: it merges with nothing until it is closed or older
+    /// than the span.
+    fn indexed(records: &[SegmentRecord]) -> Vec<Self> {
+        let mut previous_write = 0;
+        records
+            .iter()
+            .map(|record| {
+                let mut summary = SegmentSummary::written(record);
+                if is_merged_segment_key(&record.key) {
+                    summary.oldest_written_at_ms = previous_write;
+                }
+                previous_write = record.written_at_ms;
+                summary
+            })
+            .collect()
+    }
+
+    /// The segment that merging `run` makes, under `key`.
+    fn merged(key: String, run: &[SegmentSummary]) -> Self {
+        SegmentSummary {
+            key,
+            start_seq: run[0].start_seq,
+            end_seq: run[run.len() - 1].end_seq,
+            entries: run.iter().map(|s| s.entries).sum(),
+            bytes: run.iter().map(|s| s.bytes).sum(),
+            written_at_ms: run
+                .iter()
+                .map(|s| s.written_at_ms)
+                .max()
+                .unwrap_or_default(),
+            oldest_written_at_ms: run
+                .iter()
+                .map(|s| s.oldest_written_at_ms)
+                .min()
+                .unwrap_or_default(),
         }
     }
 }
@@ -109,9 +163,17 @@ fn worth_merging(run: &[SegmentSummary]) -> bool {
     let bytes: u64 = run.iter().map(|s| s.bytes).sum();
     let fits = entries <= MAX_SEGMENT_ENTRIES as u64
         && bytes + CHUNK_HEADER_BYTES as u64 <= MAX_SEGMENT_BYTES as u64;
-    let span = run[run.len() - 1]
-        .written_at_ms
-        .saturating_sub(run[0].written_at_ms);
+    let newest = run
+        .iter()
+        .map(|s| s.written_at_ms)
+        .max()
+        .unwrap_or_default();
+    let oldest = run
+        .iter()
+        .map(|s| s.oldest_written_at_ms)
+        .min()
+        .unwrap_or_default();
+    let span = newest.saturating_sub(oldest);
     if run.len() < 2 || !contiguous || !fits || span > MAX_MERGE_SPAN_MS {
         return false;
     }
@@ -126,8 +188,8 @@ struct KnownTail {
     open: Vec<SegmentSummary>,
 }
 
-/// Merges segments after compaction rounds; remembers each stream's newest segments so
-/// that a round costs no index lookups for streams it merged or wrote before.
+/// Merges segments after compaction rounds; remembers each stream's open segments so
+/// that deciding whether to merge costs no index lookup for streams it has seen.
 pub(crate) struct SegmentMerger {
     metadata: Arc<dyn MetadataStore>,
     objects: Arc<dyn ObjectStore>,
@@ -135,6 +197,8 @@ pub(crate) struct SegmentMerger {
     /// Per stream, where its segments ended when last seen, and those that may still
     /// merge (after its last closed one).
     tails: HashMap<u64, KnownTail>,
+    /// Streams with a merge that waited for a later round (the round's budget was spent).
+    deferred: BTreeSet<u64>,
 }
 
 impl SegmentMerger {
@@ -148,31 +212,39 @@ impl SegmentMerger {
             objects,
             epoch,
             tails: HashMap::new(),
+            deferred: BTreeSet::new(),
         }
     }
 
     /// After a round committed `written` (new segments, in order per stream): merges
-    /// what the policy picks for each stream they belong to, within the round's budget.
-    /// How many merges were committed. A merge that fails is logged and left for a
-    /// later round; it never fails the compaction.
-    pub async fn after_round(
-        &mut self,
-        written: &[SegmentRecord],
-        obsolete_after: OffsetDateTime,
-    ) -> usize {
+    /// what the policy picks for the streams whose merges waited, then for each stream
+    /// the segments belong to, within the round's budget; merged-away objects may be
+    /// deleted `grace` after their merge. How many merges were committed. A merge that
+    /// fails is logged and left for a later round; it never fails the compaction.
+    pub async fn after_round(&mut self, written: &[SegmentRecord], grace: Duration) -> usize {
         if self.tails.len() > MAX_REMEMBERED_STREAMS {
             self.tails.clear();
+            self.deferred.clear();
         }
-        let mut by_stream: Vec<(u64, Vec<SegmentSummary>)> = Vec::new();
+        let mut fresh: Vec<(u64, Vec<SegmentSummary>)> = Vec::new();
         for record in written {
-            match by_stream.last_mut() {
-                Some((id, summaries)) if *id == record.stream_id => summaries.push(record.into()),
-                _ => by_stream.push((record.stream_id, vec![record.into()])),
+            match fresh.last_mut() {
+                Some((id, new)) if *id == record.stream_id => {
+                    new.push(SegmentSummary::written(record))
+                }
+                _ => fresh.push((record.stream_id, vec![SegmentSummary::written(record)])),
             }
         }
+        // Streams whose merge waited go first (those with new segments go with them).
+        let fresh_ids: BTreeSet<u64> = fresh.iter().map(|(id, _)| *id).collect();
+        let waited = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .filter(|id| !fresh_ids.contains(id))
+            .map(|id| (id, Vec::new()));
+        let candidates: Vec<(u64, Vec<SegmentSummary>)> = waited.chain(fresh).collect();
         let mut budget = MAX_BYTES_PER_ROUND;
         let mut merges = 0;
-        for (stream_id, new) in by_stream {
+        for (stream_id, new) in candidates {
             if new.last().is_some_and(is_closed) {
                 // Nothing before a closed segment merges: no need to look.
                 self.remember(stream_id, new);
@@ -191,12 +263,13 @@ impl SegmentMerger {
             };
             let run = &tail[range.clone()];
             let bytes: u64 = run.iter().map(|s| s.bytes).sum();
-            if bytes > budget {
+            if bytes > budget || merges == MAX_MERGES_PER_ROUND {
+                self.deferred.insert(stream_id);
                 self.remember(stream_id, tail);
                 continue;
             }
             budget -= bytes;
-            match self.merge(stream_id, run, obsolete_after).await {
+            match self.merge(stream_id, run, grace).await {
                 Ok(Some(merged)) => {
                     let mut tail = tail;
                     tail.splice(range, [merged]);
@@ -227,26 +300,29 @@ impl SegmentMerger {
         self.tails.insert(stream_id, known);
     }
 
-    /// The stream's newest segments, ending with `new` (just committed): from memory when
-    /// they continue it, else from the index.
+    /// The stream's newest segments, ending with `new` (just committed; none for a
+    /// stream whose merge waited): from memory when they continue it, else from the
+    /// index.
     async fn tail_with(
         &mut self,
         stream_id: u64,
         new: Vec<SegmentSummary>,
     ) -> Result<Vec<SegmentSummary>> {
+        let continues =
+            |known: &KnownTail| new.first().is_none_or(|s| s.start_seq == known.end_seq);
         let mut tail = match self.tails.remove(&stream_id) {
-            Some(known) if known.end_seq == new[0].start_seq => {
+            Some(known) if continues(&known) => {
                 let mut tail = known.open;
                 tail.extend(new);
                 tail
             }
-            _ => self
-                .metadata
-                .newest_segments(stream_id, WINDOW)
-                .await?
-                .iter()
-                .map(SegmentSummary::from)
-                .collect(),
+            _ => {
+                // One more than the window: the first only bounds the next one's age.
+                let records = self.metadata.newest_segments(stream_id, WINDOW + 1).await?;
+                let mut tail = SegmentSummary::indexed(&records);
+                tail.drain(..tail.len().saturating_sub(WINDOW));
+                tail
+            }
         };
         let excess = tail.len().saturating_sub(WINDOW);
         tail.drain(..excess);
@@ -259,7 +335,7 @@ impl SegmentMerger {
         &self,
         stream_id: u64,
         run: &[SegmentSummary],
-        obsolete_after: OffsetDateTime,
+        grace: Duration,
     ) -> Result<Option<SegmentSummary>> {
         let (start_seq, end_seq) = (run[0].start_seq, run[run.len() - 1].end_seq);
         let entries: u64 = run.iter().map(|s| s.entries).sum();
@@ -299,6 +375,7 @@ impl SegmentMerger {
         self.objects.put(&merged.key, object).await?;
         crash_point("merge:written");
         let replaced: Vec<String> = run.iter().map(|s| s.key.clone()).collect();
+        let obsolete_after = OffsetDateTime::now_utc() + grace;
         let committed = self
             .metadata
             .merge_segments(&merged, &replaced, Some(self.epoch), obsolete_after)
@@ -318,7 +395,7 @@ impl SegmentMerger {
             segments = run.len(),
             "merged small segments"
         );
-        Ok(Some(SegmentSummary::from(&merged)))
+        Ok(Some(SegmentSummary::merged(merged.key, run)))
     }
 }
 
@@ -334,6 +411,7 @@ mod tests {
             entries,
             bytes,
             written_at_ms,
+            oldest_written_at_ms: written_at_ms,
         }
     }
 
@@ -361,14 +439,7 @@ mod tests {
             if let Some(range) = plan_merge(&tail[window_from..]) {
                 let range = range.start + window_from..range.end + window_from;
                 let run = &tail[range.clone()];
-                let merged = SegmentSummary {
-                    key: format!("m{}", run[0].start_seq),
-                    start_seq: run[0].start_seq,
-                    end_seq: run[run.len() - 1].end_seq,
-                    entries: run.iter().map(|s| s.entries).sum(),
-                    bytes: run.iter().map(|s| s.bytes).sum(),
-                    written_at_ms: run[run.len() - 1].written_at_ms,
-                };
+                let merged = SegmentSummary::merged(format!("m{}", run[0].start_seq), run);
                 rewritten += merged.bytes;
                 tail.splice(range, [merged]);
             }
@@ -403,6 +474,41 @@ mod tests {
         for s in &segments {
             assert!(s.entries <= 121, "{s:?} spans more than an hour");
         }
+    }
+
+    #[test]
+    fn merged_segments_never_span_more_than_an_hour_of_writes() {
+        // 20 batches a round: merged segments chain (a merged one merges again), and
+        // the span counts from the oldest part of each.
+        for per_round in [1, 7, 20, 30, 100] {
+            let (segments, _) = simulate(2880, per_round, 120, 30_000);
+            for s in &segments {
+                let span = s.written_at_ms - s.oldest_written_at_ms;
+                assert!(span <= MAX_MERGE_SPAN_MS, "{per_round} a round: {s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_merged_segment_read_from_the_index_is_no_older_than_the_one_before_it() {
+        let record = |key: String, start: u64, written_at_ms: u64| SegmentRecord {
+            stream_id: 7,
+            key,
+            written_at_ms,
+            entries: vec![SegmentEntry {
+                start_seq: start,
+                end_seq: start + 1,
+                last_timestamp: 0,
+                span: crate::wal::EntrySpan { offset: 8, len: 10 },
+            }],
+        };
+        let indexed = SegmentSummary::indexed(&[
+            record(merged_segment_key(7, 0, 1, 1), 0, 100),
+            record(crate::segment::segment_key(7, 1, 1), 1, 200),
+            record(merged_segment_key(7, 2, 3, 1), 2, 900),
+        ]);
+        let oldest: Vec<u64> = indexed.iter().map(|s| s.oldest_written_at_ms).collect();
+        assert_eq!(oldest, [0, 200, 200]);
     }
 
     #[test]
