@@ -20,6 +20,18 @@ pub fn sdk_client_with_token(server: &Server, token: &str) -> s2_sdk::S2 {
     s2_sdk::S2::new(config).expect("an SDK client")
 }
 
+/// The official Rust SDK pointed at `server` for a benchmark: no retries (a failed
+/// request is a finding, and ends the run), a 30 s request timeout.
+pub fn benchmark_sdk_client(server: &Server) -> std::sync::Arc<s2_sdk::S2> {
+    use s2_sdk::types::{RetryConfig, S2Config, S2Endpoints};
+    let config = S2Config::new(ROOT_TOKEN)
+        .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).expect("a valid endpoint"))
+        .with_insecure_skip_cert_verification(true)
+        .with_request_timeout(std::time::Duration::from_secs(30))
+        .with_retry(RetryConfig::new().with_max_attempts(std::num::NonZeroU32::MIN));
+    std::sync::Arc::new(s2_sdk::S2::new(config).expect("an SDK client"))
+}
+
 /// The services the benchmark programs need, found or started.
 pub mod services {
     use std::process::{Child, Command, Stdio};

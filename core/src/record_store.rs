@@ -195,11 +195,9 @@ impl RecordStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{BasinConfig, StreamConfig};
-    use crate::names::{BasinName, StreamName};
     use crate::segment::{segment_key, CompactionCommit, SegmentEntry};
     use crate::storage::memory::MemoryObjectStore;
-    use crate::storage::metadata::{BasinRecord, Created, StreamRecord};
+    use crate::storage::metadata::create_basin_and_stream;
     use crate::storage::sql::SqlMetadataStore;
     use crate::stream::BatchLocation;
     use crate::wal::{ChunkBuilder, StoredRecord};
@@ -251,34 +249,7 @@ mod tests {
         );
         let objects = Arc::new(MemoryObjectStore::default());
         let now = OffsetDateTime::now_utc();
-        let basin = BasinName::new("merge-test").unwrap();
-        metadata
-            .create_basin(BasinRecord {
-                name: basin.clone(),
-                location: "local".into(),
-                config: BasinConfig::default(),
-                created_at: now,
-                deleted_at: None,
-                idempotency_key: None,
-            })
-            .await
-            .unwrap();
-        let Created::New(stream) = metadata
-            .create_stream(StreamRecord {
-                id: 0,
-                basin,
-                name: StreamName::new("s").unwrap(),
-                config: StreamConfig::default(),
-                cipher: None,
-                created_at: now,
-                deleted_at: None,
-                idempotency_key: None,
-            })
-            .await
-            .unwrap()
-        else {
-            panic!("a new stream")
-        };
+        let stream = create_basin_and_stream(metadata.as_ref(), "merge-test", "s", now).await;
         let (first, first_bytes) = segment(stream.id, 0, &["a", "b"]);
         let (second, second_bytes) = segment(stream.id, 2, &["c"]);
         objects.put(&first.key, first_bytes.clone()).await.unwrap();

@@ -14,12 +14,11 @@
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use s2_sdk::types::*;
-use s2_sdk::{S2Stream, S2};
+use s2_sdk::S2Stream;
 use streamgate_compat::{percentile, Server};
 
 #[derive(Parser)]
@@ -37,16 +36,6 @@ struct Args {
     /// append phases and the history phase reads segments.
     #[arg(long, default_value_t = 5000)]
     compaction_interval_ms: u64,
-}
-
-/// The official SDK against `server`, with no retries (a failure is a finding).
-fn sdk(server: &Server) -> Arc<S2> {
-    let config = S2Config::new(streamgate_compat::ROOT_TOKEN)
-        .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).unwrap())
-        .with_insecure_skip_cert_verification(true)
-        .with_request_timeout(Duration::from_secs(30))
-        .with_retry(RetryConfig::new().with_max_attempts(std::num::NonZeroU32::new(1).unwrap()));
-    Arc::new(S2::new(config).unwrap())
 }
 
 /// Reads a stream from `start` up to `end` in unary reads of up to 1 MiB; the bytes read
@@ -196,7 +185,7 @@ async fn main() {
         &["--compaction-interval-ms", &interval],
     );
     let pid = server.pid().unwrap();
-    let s2 = sdk(&server);
+    let s2 = streamgate_compat::benchmark_sdk_client(&server);
     let basin_name: BasinName = "bench-basin".parse().unwrap();
     s2.create_basin(CreateBasinInput::new(basin_name.clone()))
         .await
@@ -336,7 +325,7 @@ async fn main() {
     .await;
     server.terminate();
     server.restart();
-    let s2 = sdk(&server);
+    let s2 = streamgate_compat::benchmark_sdk_client(&server);
     let basin = s2.basin("bench-basin".parse().unwrap());
     let stream = basin.stream("throughput".parse().unwrap());
     timed_read(

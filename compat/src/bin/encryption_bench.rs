@@ -12,14 +12,13 @@
 //! (`STREAMGATE_BIN=<its binary>`).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::StreamExt;
 use s2_sdk::append_session::AppendSessionConfig;
 use s2_sdk::types::*;
-use s2_sdk::{S2Stream, S2};
+use s2_sdk::S2Stream;
 use streamgate_compat::{percentile, Server};
 
 #[derive(Parser)]
@@ -43,14 +42,6 @@ struct Measured {
     p99_ms: f64,
     write_mibps: f64,
     read_mibps: f64,
-}
-
-fn sdk(server: &Server) -> Arc<S2> {
-    let config = S2Config::new(streamgate_compat::ROOT_TOKEN)
-        .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).unwrap())
-        .with_request_timeout(Duration::from_secs(30))
-        .with_retry(RetryConfig::new().with_max_attempts(std::num::NonZeroU32::new(1).unwrap()));
-    Arc::new(S2::new(config).unwrap())
 }
 
 fn batch_of(records: usize, size: usize) -> AppendInput {
@@ -136,7 +127,7 @@ async fn main() {
             objects.to_str().unwrap(),
         ],
     );
-    let s2 = sdk(&server);
+    let s2 = streamgate_compat::benchmark_sdk_client(&server);
     let kinds: &[(&str, Option<EncryptionAlgorithm>)] = if args.plaintext_only {
         &[("plaintext", None)]
     } else {

@@ -14,12 +14,11 @@
 //! a build without merging the same way.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use s2_sdk::types::*;
-use s2_sdk::{S2Stream, S2};
+use s2_sdk::S2Stream;
 use streamgate_compat::Server;
 
 #[derive(Parser)]
@@ -36,14 +35,6 @@ struct Args {
     /// The server's compaction interval.
     #[arg(long, default_value_t = 50)]
     interval_ms: u64,
-}
-
-fn sdk(server: &Server) -> Arc<S2> {
-    let config = S2Config::new(streamgate_compat::ROOT_TOKEN)
-        .with_endpoints(S2Endpoints::for_endpoint(&server.endpoint).unwrap())
-        .with_request_timeout(Duration::from_secs(30))
-        .with_retry(RetryConfig::new().with_max_attempts(std::num::NonZeroU32::new(1).unwrap()));
-    Arc::new(S2::new(config).unwrap())
 }
 
 /// The server's counter of object-store requests of `operation` that succeeded.
@@ -94,7 +85,7 @@ async fn main() {
             "127.0.0.1:0",
         ],
     );
-    let s2 = sdk(&server);
+    let s2 = streamgate_compat::benchmark_sdk_client(&server);
     let basin_name: BasinName = "merge-bench".parse().unwrap();
     s2.create_basin(CreateBasinInput::new(basin_name.clone()))
         .await
@@ -128,7 +119,7 @@ async fn main() {
 
     server.terminate();
     server.restart();
-    let s2 = sdk(&server);
+    let s2 = streamgate_compat::benchmark_sdk_client(&server);
     let stream = s2.basin(basin_name).stream("slow".parse().unwrap());
     let gets_before = object_requests(&server, "get").await;
     let read_started = Instant::now();

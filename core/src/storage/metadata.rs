@@ -255,6 +255,46 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn basins_with_streams(&self, from_ms: i64, to_ms: i64) -> Result<Vec<String>>;
 }
 
+/// Creates basin `basin` (default config) and stream `stream` in it, both at `now`, for
+/// tests; the new stream.
+#[cfg(test)]
+pub(crate) async fn create_basin_and_stream(
+    store: &dyn MetadataStore,
+    basin: &str,
+    stream: &str,
+    now: OffsetDateTime,
+) -> StreamRecord {
+    let name = BasinName::new(basin).unwrap();
+    store
+        .create_basin(BasinRecord {
+            name: name.clone(),
+            location: "local".into(),
+            config: BasinConfig::default(),
+            created_at: now,
+            deleted_at: None,
+            idempotency_key: None,
+        })
+        .await
+        .unwrap();
+    let created = store
+        .create_stream(StreamRecord {
+            id: 0,
+            basin: name,
+            name: StreamName::new(stream).unwrap(),
+            config: StreamConfig::default(),
+            cipher: None,
+            created_at: now,
+            deleted_at: None,
+            idempotency_key: None,
+        })
+        .await
+        .unwrap();
+    match created {
+        Created::New(record) => record,
+        Created::Existing(_) => panic!("stream {basin}/{stream} existed already"),
+    }
+}
+
 /// The behaviour every `MetadataStore` must show; each backend's tests call this.
 #[cfg(test)]
 pub(crate) async fn conformance(store: &dyn MetadataStore) {
@@ -897,31 +937,7 @@ async fn usage_conformance(store: &dyn MetadataStore, now: OffsetDateTime) {
     );
 
     // A basin with a stream created now is active from now on, not before.
-    let name = BasinName::new("usage-basin").unwrap();
-    store
-        .create_basin(BasinRecord {
-            name: name.clone(),
-            location: "local".into(),
-            config: BasinConfig::default(),
-            created_at: now,
-            deleted_at: None,
-            idempotency_key: None,
-        })
-        .await
-        .unwrap();
-    store
-        .create_stream(StreamRecord {
-            id: 0,
-            basin: name,
-            name: StreamName::new("metered").unwrap(),
-            config: StreamConfig::default(),
-            cipher: None,
-            created_at: now,
-            deleted_at: None,
-            idempotency_key: None,
-        })
-        .await
-        .unwrap();
+    create_basin_and_stream(store, "usage-basin", "metered", now).await;
     let ms = (now.unix_timestamp_nanos() / 1_000_000) as i64;
     let active = store
         .basins_with_streams(ms - 1000, ms + 86_400_000)
