@@ -172,12 +172,18 @@ impl FrameDecoder {
 }
 
 fn frame(flags: u8, body: &[u8]) -> Bytes {
-    let len = body.len() + 1;
+    let mut out = frame_header(flags, body.len());
+    out.put_slice(body);
+    out.freeze()
+}
+
+/// A buffer holding a frame's header, with room for the `body_len` bytes that follow.
+fn frame_header(flags: u8, body_len: usize) -> BytesMut {
+    let len = body_len + 1;
     let mut out = BytesMut::with_capacity(3 + len);
     out.put_slice(&(len as u32).to_be_bytes()[1..]);
     out.put_u8(flags);
-    out.put_slice(body);
-    out.freeze()
+    out
 }
 
 /// A regular frame carrying `message`, compressed if it is 1 KiB or more.
@@ -186,15 +192,19 @@ pub fn encode_message(
     compression: Compression,
     extra_flags: u8,
 ) -> Bytes {
-    let encoded = message.encode_to_vec();
-    if encoded.len() >= COMPRESS_ABOVE && compression != Compression::None {
-        let compressed = compression.compress(&encoded);
+    let len = message.encoded_len();
+    if len >= COMPRESS_ABOVE && compression != Compression::None {
+        let compressed = compression.compress(&message.encode_to_vec());
         frame(
             (compression.bits() << COMPRESSION_SHIFT) | extra_flags,
             &compressed,
         )
     } else {
-        frame(extra_flags, &encoded)
+        // Encoded right after the header: a catch-up's records are copied once here,
+        // not once to encode and again to frame.
+        let mut out = frame_header(extra_flags, len);
+        message.encode_raw(&mut out);
+        out.freeze()
     }
 }
 
