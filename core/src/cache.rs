@@ -49,6 +49,10 @@ impl ChunkCache {
         }
     }
 
+    pub fn contains(&self, key: &str) -> bool {
+        self.inner.lock().chunks.contains_key(key)
+    }
+
     pub fn get(&self, key: &str) -> Option<Bytes> {
         self.inner.lock().chunks.get(key).cloned()
     }

@@ -45,6 +45,7 @@ pub mod names;
 mod owner_cache;
 mod ownership;
 pub mod read;
+mod read_ahead;
 pub mod record;
 mod record_store;
 mod registry;

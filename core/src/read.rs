@@ -9,8 +9,9 @@ use tokio::time::Instant;
 use crate::encryption::{stored_metered_size, StreamCrypto};
 use crate::error::{Error, Resource, Result};
 use crate::names::BasinName;
+use crate::read_ahead::{ReadAhead, SESSION_READ_AHEAD_BYTES};
 use crate::record::{SequencedRecord, StreamPosition, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS};
-use crate::record_store::RecordStore;
+use crate::record_store::{KnownSegments, Listing, RecordStore};
 use crate::remote::{RemoteStream, RemoteStreams};
 use crate::stream::{BatchLocation, StreamState};
 use crate::usage::{ConnectionId, Usage};
@@ -339,6 +340,9 @@ struct LocalReader {
     /// Opens the records of an encrypted stream with the reader's key.
     crypto: Option<StreamCrypto>,
     meter: ReadMeter,
+    /// Sessions read ahead of what they have taken; unary reads do not.
+    read_ahead: Option<ReadAhead>,
+    known_segments: KnownSegments,
 }
 
 /// Counts what a reader delivers, for the metrics API.
@@ -396,6 +400,9 @@ impl LocalReader {
                 None => compacted_through,
             };
         }
+        let read_ahead = meter
+            .streaming
+            .then(|| ReadAhead::new(store.clone(), store.read_ahead_budget()));
         Ok(LocalReader {
             position,
             store,
@@ -403,6 +410,8 @@ impl LocalReader {
             tail_changes,
             crypto,
             meter,
+            read_ahead,
+            known_segments: KnownSegments::default(),
         })
     }
 
@@ -481,35 +490,62 @@ impl LocalReader {
 
     /// The records of the next batch, whether a bound ended it, and where the records
     /// still stored begin (past any removed by retention or a trim).
-    async fn collect(&self, limits: ReadLimits) -> Result<(Vec<SequencedRecord>, bool, u64)> {
+    async fn collect(&mut self, limits: ReadLimits) -> Result<(Vec<SequencedRecord>, bool, u64)> {
         let start_seq = self.position;
         let max_count = limits.count.unwrap_or(u64::MAX);
         let max_bytes = limits.bytes.unwrap_or(u64::MAX);
+        // A session lists the batches past this one too, for its read-ahead.
+        let ahead_bytes = match self.read_ahead {
+            Some(_) => SESSION_READ_AHEAD_BYTES,
+            None => 0,
+        };
+        let listing = || Listing::new(start_seq, max_count, ahead_bytes);
         // What is in memory is looked at first (one snapshot under the lock), so the
-        // segments found next always reach where the in-memory batches begin.
+        // segments found next always reach where the in-memory batches begin. The
+        // snapshot holds what the read could want of memory if no segment held any.
         let (compacted_through, in_memory) = {
             let visible = self.state.visible();
             let first = visible.batches.partition_point(|b| b.end_seq <= start_seq);
-            (visible.compacted.seq_num, visible.batches[first..].to_vec())
+            let mut wanted = listing();
+            let in_memory: Vec<BatchLocation> = visible.batches[first..]
+                .iter()
+                .take_while(|b| wanted.take(b))
+                .cloned()
+                .collect();
+            (visible.compacted.seq_num, in_memory)
         };
-        let mut covered = 0u64;
+        let mut wanted = listing();
         let mut locations = Vec::new();
         let mut first_retained = start_seq;
         if start_seq < compacted_through {
             let in_segments = self
                 .store
-                .segment_locations(self.state.id, start_seq, compacted_through, max_count)
+                .segment_locations(
+                    self.state.id,
+                    start_seq,
+                    compacted_through,
+                    &mut wanted,
+                    &mut self.known_segments,
+                )
                 .await?;
             first_retained = in_segments
                 .first()
                 .map_or(compacted_through, |b| b.start_seq.max(start_seq));
-            locations.extend(covering(in_segments, start_seq, max_count, &mut covered));
+            locations = in_segments;
         }
-        locations.extend(covering(in_memory, start_seq, max_count, &mut covered));
+        locations.extend(in_memory.into_iter().take_while(|b| wanted.take(b)));
+        if let Some(read_ahead) = &mut self.read_ahead {
+            read_ahead.taken_up_to(start_seq);
+            read_ahead.start(&locations);
+        }
         let mut records = Vec::new();
         let mut bytes = 0u64;
         for location in &locations {
-            for record in self.store.load(location).await? {
+            let loaded = match &mut self.read_ahead {
+                Some(read_ahead) => read_ahead.load(location).await?,
+                None => self.store.load(location).await?,
+            };
+            for record in loaded {
                 // Only records after the ones taken: never one twice or out of order.
                 let next = records
                     .last()
@@ -530,21 +566,6 @@ impl LocalReader {
         }
         Ok((records, false, first_retained))
     }
-}
-
-/// The leading batches that hold the next `max_count` records from `start_seq` (counting
-/// on from `covered`).
-fn covering(
-    batches: Vec<BatchLocation>,
-    start_seq: u64,
-    max_count: u64,
-    covered: &mut u64,
-) -> impl Iterator<Item = BatchLocation> + '_ {
-    batches.into_iter().take_while(move |b| {
-        let take = *covered < max_count;
-        *covered += b.end_seq - b.start_seq.max(start_seq);
-        take
-    })
 }
 
 /// The sequence number a start selector points at, or `None` if it lies beyond the

@@ -8,11 +8,87 @@ use bytes::Bytes;
 
 use crate::cache::ChunkCache;
 use crate::error::{Error, Result};
+use crate::read_ahead::{self, ReadAheadBudget};
 use crate::record::SequencedRecord;
 use crate::segment::{parse_segment_key, SegmentRecord};
 use crate::storage::{MetadataStore, ObjectStore};
 use crate::stream::{BatchLocation, Stored};
 use crate::wal::{decode_entry, EntrySpan};
+
+/// How much of a stream a read lists: batches until they hold `max_records` records
+/// from `start_seq` and, for read-ahead, until they hold `min_bytes` (but no more than
+/// [`MAX_LISTED_AHEAD`] batches past the records wanted).
+pub(crate) struct Listing {
+    start_seq: u64,
+    max_records: u64,
+    min_bytes: u64,
+    records: u64,
+    bytes: u64,
+    batches_ahead: usize,
+}
+
+/// Read-ahead lists at most this many batches past the records a read wants, so a
+/// stream of tiny batches does not make every read list thousands of them.
+const MAX_LISTED_AHEAD: usize = 256;
+
+impl Listing {
+    pub fn new(start_seq: u64, max_records: u64, min_bytes: u64) -> Self {
+        Self {
+            start_seq,
+            max_records,
+            min_bytes,
+            records: 0,
+            bytes: 0,
+            batches_ahead: 0,
+        }
+    }
+
+    pub fn wants_more(&self) -> bool {
+        self.records < self.max_records
+            || (self.bytes < self.min_bytes && self.batches_ahead < MAX_LISTED_AHEAD)
+    }
+
+    /// Counts `batch` in if the listing still wants more; whether it did.
+    pub fn take(&mut self, batch: &BatchLocation) -> bool {
+        if !self.wants_more() {
+            return false;
+        }
+        if self.records >= self.max_records {
+            self.batches_ahead += 1;
+        }
+        self.records += batch.end_seq - batch.start_seq.max(self.start_seq);
+        self.bytes += batch.span.len;
+        true
+    }
+}
+
+/// The index rows of the segments a reader looked up last, so that reading on through
+/// a segment does not look it up again for every batch. A row may be out of date (its
+/// segment merged away or removed since): reading its object then finds that out, and
+/// the store looks the batch up afresh.
+#[derive(Default)]
+pub(crate) struct KnownSegments(std::collections::VecDeque<Arc<SegmentRecord>>);
+
+/// How many segment rows a reader keeps (a row lists up to 4,096 batches).
+const KNOWN_SEGMENTS: usize = 2;
+
+impl KnownSegments {
+    fn holding(&self, seq: u64) -> Option<Arc<SegmentRecord>> {
+        self.0
+            .iter()
+            .find(|s| s.start_seq() <= seq && seq < s.end_seq())
+            .cloned()
+    }
+
+    fn remember(&mut self, segment: SegmentRecord) -> Arc<SegmentRecord> {
+        let segment = Arc::new(segment);
+        if self.0.len() == KNOWN_SEGMENTS {
+            self.0.pop_front();
+        }
+        self.0.push_back(segment.clone());
+        segment
+    }
+}
 
 /// How many times a read looks a batch up again when its segment keeps being merged
 /// away under it.
@@ -24,6 +100,8 @@ pub(crate) struct RecordStore {
     /// Recently written WAL chunks (the writer fills it).
     wal_cache: Arc<ChunkCache>,
     segment_cache: ChunkCache,
+    /// What read sessions together may hold read ahead.
+    read_ahead_budget: ReadAheadBudget,
 }
 
 impl RecordStore {
@@ -38,7 +116,27 @@ impl RecordStore {
             objects,
             wal_cache,
             segment_cache: ChunkCache::new(segment_cache_bytes),
+            read_ahead_budget: read_ahead::budget(),
         }
+    }
+
+    pub fn read_ahead_budget(&self) -> ReadAheadBudget {
+        self.read_ahead_budget.clone()
+    }
+
+    /// Whether reading `location` needs no storage read: its WAL chunk or its segment is
+    /// in a cache.
+    pub fn is_cached(&self, location: &BatchLocation) -> bool {
+        match location.stored {
+            Stored::WalChunk => self.wal_cache.contains(&location.object),
+            Stored::Segment => self.segment_cache.contains(&location.object),
+        }
+    }
+
+    /// The bytes at `range` of a WAL chunk or a segment, straight from the object store
+    /// (for read-ahead, which keeps what it reads out of the shared caches).
+    pub async fn fetch_range(&self, key: &str, range: std::ops::Range<u64>) -> Result<Bytes> {
+        self.objects.get_range(key, range).await
     }
 
     /// The records of one durable batch: from a cached WAL chunk or a range of it, or
@@ -135,13 +233,17 @@ impl RecordStore {
         stream_id: u64,
         mut from: u64,
         until: u64,
-        max_count: u64,
+        listing: &mut Listing,
+        known: &mut KnownSegments,
     ) -> Result<Vec<BatchLocation>> {
         let mut locations = Vec::new();
-        let mut covered = 0u64;
-        while from < until && covered < max_count {
-            let Some(segment) = self.segment_at(stream_id, from).await? else {
-                break;
+        while from < until && listing.wants_more() {
+            let segment = match known.holding(from) {
+                Some(segment) => segment,
+                None => match self.segment_at(stream_id, from).await? {
+                    Some(segment) => known.remember(segment),
+                    None => break,
+                },
             };
             // A segment committed after the caller looked at `until` holds records the
             // caller finds in memory: they are not taken twice.
@@ -151,11 +253,11 @@ impl RecordStore {
             let key: Arc<str> = segment.key.as_str().into();
             let entries = segment.entries.iter();
             for entry in entries.filter(|e| e.end_seq > from && e.start_seq < until) {
-                if covered >= max_count {
+                let location = BatchLocation::in_segment(key.clone(), entry);
+                if !listing.take(&location) {
                     break;
                 }
-                covered += entry.end_seq - entry.start_seq.max(from);
-                locations.push(BatchLocation::in_segment(key.clone(), entry));
+                locations.push(location);
             }
             from = segment.end_seq();
         }

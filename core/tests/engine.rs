@@ -1027,6 +1027,93 @@ async fn compacted_records_read_the_same_from_segments_and_recover_from_checkpoi
     assert_eq!(read_all(&engine, &s, ReadStart::SeqNum(0)).await, expected);
 }
 
+/// A read session far behind the tail reads ahead of what it takes (nothing is cached
+/// here, so every batch is fetched from storage, in ranges that also hold another
+/// stream's batches): it gets every record once and in order while compaction moves
+/// the records ahead of it from WAL chunks into segments, across segments and on into
+/// records compacted just before it reaches them.
+#[tokio::test]
+async fn a_session_reading_ahead_gets_every_record_once_while_compaction_moves_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let uncached = EngineSettings {
+        compaction_interval: Duration::from_secs(3600),
+        cache_bytes: 0,
+        segment_cache_bytes: 0,
+        ..Default::default()
+    };
+    let engine = open_with(dir.path(), uncached).await;
+    let s = setup(&engine, "behind").await;
+    let other = setup(&engine, "beside").await;
+    let mut expected = Vec::new();
+    let mut append_batches = |count: usize| {
+        let first = expected.len();
+        let batches: Vec<Vec<String>> = (0..count)
+            .map(|b| (0..5).map(|i| format!("r{}", first + 5 * b + i)).collect())
+            .collect();
+        expected.extend(batches.iter().flatten().cloned());
+        batches
+    };
+    let append = |batches: Vec<Vec<String>>| {
+        let engine = &engine;
+        let (s, other) = (&s, &other);
+        async move {
+            for batch in batches {
+                let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
+                engine
+                    .append(&basin(), s, records(&refs), None)
+                    .await
+                    .unwrap();
+                engine
+                    .append(&basin(), other, records(&["beside"]), None)
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    append(append_batches(100)).await;
+    engine.engine.compact().await.unwrap();
+    append(append_batches(100)).await;
+
+    let mut reader = engine
+        .open_reader(&basin(), &s, ReadStart::SeqNum(0), false, None)
+        .await
+        .unwrap();
+    let limits = ReadLimits {
+        count: Some(37),
+        bytes: None,
+        until: None,
+    };
+    let mut seen = Vec::new();
+    let mut compacted = false;
+    let mut appended_late = false;
+    loop {
+        let (batch, _) = engine.next_batch(&mut reader, limits).await.unwrap();
+        if batch.records.is_empty() {
+            if appended_late {
+                break;
+            }
+            // Reached the tail: a few more, compacted before the reader gets to them.
+            append(append_batches(3)).await;
+            engine.engine.compact().await.unwrap();
+            appended_late = true;
+            continue;
+        }
+        for r in &batch.records {
+            assert_eq!(r.seq_num, seen.len() as u64, "in order, none twice");
+            seen.push(String::from_utf8(r.body.to_vec()).unwrap());
+        }
+        // Half way through the first segment: compaction moves the records ahead of
+        // the reader (the second hundred batches) into segments.
+        if !compacted && seen.len() > 250 {
+            let stats = engine.engine.compact().await.unwrap();
+            assert!(stats.chunks >= 200 && stats.segments == 2, "{stats:?}");
+            compacted = true;
+        }
+    }
+    assert!(compacted);
+    assert_eq!(seen, expected);
+}
+
 fn records_of(batch: usize) -> AppendInput {
     records(&[&format!("o{batch}")])
 }

@@ -428,29 +428,7 @@ impl ObjectStore for LocalDirObjectStore {
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
         let path = self.path_of(key)?;
         tokio::task::spawn_blocking(move || {
-            let read = || -> std::io::Result<Vec<u8>> {
-                let mut file = File::open(&path)?;
-                let opened = file.metadata()?;
-                let file_len = opened.len();
-                let mut footer = [0u8; FOOTER_LEN];
-                file.seek(SeekFrom::Start(file_len.saturating_sub(FOOTER_LEN as u64)))?;
-                file.read_exact(&mut footer)?;
-                let len = footer_data_len(&footer, file_len).unwrap_or(0);
-                if range.start > range.end || range.end > len {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::InvalidInput,
-                        format!("range {range:?} is outside the object's {len} bytes"),
-                    ));
-                }
-                file.seek(SeekFrom::Start(range.start))?;
-                let mut buf = vec![0u8; (range.end - range.start) as usize];
-                file.read_exact(&mut buf)?;
-                if !still_named(&opened, &path)? {
-                    return Err(std::io::ErrorKind::NotFound.into());
-                }
-                Ok(buf)
-            };
-            read().map(Bytes::from).map_err(|e| io_error(&path, e))
+            read_range(&path, range).map_err(|e| io_error(&path, e))
         })
         .await
         .map_err(|e| Error::internal("a file task did not finish", e))?
@@ -683,6 +661,102 @@ fn remove_leftovers(dir: &Path) -> Result<()> {
 /// open file). A file deleted while it was being read may have been recycled and
 /// rewritten as another object by then: what was read is not the object at `path`,
 /// which is gone.
+/// Ranges at least this long are read around the page cache where the file system
+/// allows: they are read by catch-ups and read-ahead, once, and copying them through the
+/// cache cost more CPU than the read itself; shorter ones go through it (their file's
+/// footer block stays cached for the next).
+const MIN_DIRECT_READ: u64 = 128 << 10;
+
+/// The bytes at `range` of the data of the file at `path`.
+fn read_range(path: &Path, range: Range<u64>) -> std::io::Result<Bytes> {
+    #[cfg(target_os = "linux")]
+    if range.end.saturating_sub(range.start) >= MIN_DIRECT_READ {
+        match read_range_direct(path, range.clone()) {
+            Ok(Some(bytes)) => return Ok(bytes),
+            Ok(None) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut file = File::open(path)?;
+    let opened = file.metadata()?;
+    let file_len = opened.len();
+    let mut footer = [0u8; FOOTER_LEN];
+    file.seek(SeekFrom::Start(file_len.saturating_sub(FOOTER_LEN as u64)))?;
+    file.read_exact(&mut footer)?;
+    check_range(&range, footer_data_len(&footer, file_len))?;
+    file.seek(SeekFrom::Start(range.start))?;
+    let mut buf = vec![0u8; (range.end - range.start) as usize];
+    file.read_exact(&mut buf)?;
+    if !still_named(&opened, path)? {
+        return Err(std::io::ErrorKind::NotFound.into());
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// An error unless `range` lies within the data a footer declares (`None`: no intact
+/// footer, so no data).
+fn check_range(range: &Range<u64>, data_len: Option<u64>) -> std::io::Result<()> {
+    let len = data_len.unwrap_or(0);
+    if range.start > range.end || range.end > len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("range {range:?} is outside the object's {len} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// `range` read with direct I/O, in whole blocks (files are written in whole blocks);
+/// `None` where the file system refuses direct I/O or the file is not in whole blocks.
+#[cfg(target_os = "linux")]
+fn read_range_direct(path: &Path, range: Range<u64>) -> std::io::Result<Option<Bytes>> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let opened = file.metadata()?;
+    let file_len = opened.len();
+    let block = BLOCK as u64;
+    if file_len < block || file_len % block != 0 || range.start > range.end {
+        return Ok(None);
+    }
+    // The blocks holding the range, and the last one (the footer) if they do not reach it.
+    let first = range.start / block * block;
+    let end = range
+        .end
+        .div_ceil(block)
+        .saturating_mul(block)
+        .min(file_len);
+    let reaches_footer = end == file_len;
+    let len = (end - first + if reaches_footer { 0 } else { block }) as usize;
+    let mut buffer = vec![0u8; len + BLOCK];
+    let start = buffer.as_ptr().align_offset(BLOCK);
+    let blocks = &mut buffer[start..start + len];
+    let data_blocks = (end - first) as usize;
+    file.read_exact_at(&mut blocks[..data_blocks], first)?;
+    if !reaches_footer {
+        file.read_exact_at(&mut blocks[data_blocks..], file_len - block)?;
+    }
+    check_range(
+        &range,
+        footer_data_len(&blocks[len - FOOTER_LEN..], file_len),
+    )?;
+    if !still_named(&opened, path)? {
+        return Err(std::io::ErrorKind::NotFound.into());
+    }
+    let at = start + (range.start - first) as usize;
+    Ok(Some(
+        Bytes::from(buffer).slice(at..at + (range.end - range.start) as usize),
+    ))
+}
+
 fn still_named(opened: &fs::Metadata, path: &Path) -> std::io::Result<bool> {
     #[cfg(unix)]
     {

@@ -109,4 +109,27 @@ pub(crate) async fn conformance(store: &dyn ObjectStore) {
     assert_eq!(store.get("wal/1/a").await.unwrap(), None);
     assert_eq!(store.list("wal/").await.unwrap(), vec!["wal/2/b"]);
     assert!(store.get_range("wal/1/a", 0..1).await.is_err());
+
+    // Large ranges (read-ahead, catch-ups) at every kind of offset: from the start, from
+    // the middle to the middle, up to the very end; and one past the end is refused.
+    let big: Bytes = (0..(1 << 20) + 1000u32).map(|i| (i % 251) as u8).collect();
+    store.put("wal/4/big", big.clone()).await.unwrap();
+    let len = big.len() as u64;
+    for range in [
+        0..200_000,
+        5_000..300_001,
+        len - 150_000..len,
+        4_096..len - 1,
+    ] {
+        let read = store.get_range("wal/4/big", range.clone()).await.unwrap();
+        assert!(
+            read == big.slice(range.start as usize..range.end as usize),
+            "range {range:?}"
+        );
+    }
+    assert!(store
+        .get_range("wal/4/big", len - 200_000..len + 1)
+        .await
+        .is_err());
+    store.delete("wal/4/big").await.unwrap();
 }
