@@ -5,8 +5,10 @@
 //!
 //! Phases: the request round trip; single-client append latency against the fdatasync
 //! floor; 16-client append throughput against the durable bandwidth; reads of what was
-//! written; reads of history from segments after a restart (cold, then cached); and the
-//! append latency again while another client reads history.
+//! written; reads of history from segments after a restart (cold through one read
+//! session, which the server reads ahead for; cold, then cached, through unary reads);
+//! and the append latency again while another client reads history (unary reads, then a
+//! read session).
 //!
 //! The server is the release binary, started on a fresh data directory on the filesystem
 //! of `--data-dir`, and driven through the official Rust SDK (protobuf over HTTP/2).
@@ -17,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use futures::StreamExt;
 use s2_sdk::types::*;
 use s2_sdk::S2Stream;
 use streamgate_compat::{percentile, Server};
@@ -53,6 +56,46 @@ async fn read_range(stream: &S2Stream, start: u64, end: u64) -> (usize, Vec<Dura
         bytes += batch.records.iter().map(|r| r.body.len()).sum::<usize>();
     }
     (bytes, latencies)
+}
+
+/// Reads records 0..`end` through one read session (which the server reads ahead for);
+/// the bytes read.
+async fn session_read(stream: &S2Stream, end: u64) -> usize {
+    let input = ReadInput::new()
+        .with_start(ReadStart::new().with_from(ReadFrom::SeqNum(0)))
+        .with_stop(ReadStop::new().with_limits(ReadLimits::new().with_count(end as usize)));
+    let mut session = stream
+        .read_session(input, ReadSessionConfig::new())
+        .await
+        .unwrap();
+    let (mut seen, mut bytes) = (0u64, 0usize);
+    while seen < end {
+        let batch = session
+            .next()
+            .await
+            .expect("the session ended before its count")
+            .unwrap();
+        seen += batch.records.len() as u64;
+        bytes += batch.records.iter().map(|r| r.body.len()).sum::<usize>();
+    }
+    bytes
+}
+
+/// The latencies of `count` single-record 100 B appends while `scan` runs alongside.
+async fn appends_while(
+    stream: &S2Stream,
+    count: usize,
+    scan: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Vec<Duration> {
+    let scan = tokio::spawn(scan);
+    let mut latencies = Vec::new();
+    for _ in 0..count {
+        let start = Instant::now();
+        stream.append(batch(1, 100)).await.unwrap();
+        latencies.push(start.elapsed());
+    }
+    scan.abort();
+    latencies
 }
 
 /// Reads records 0..`end` and prints the rate and the latency of each 1 MiB read.
@@ -328,6 +371,17 @@ async fn main() {
     let s2 = streamgate_compat::benchmark_sdk_client(&server);
     let basin = s2.basin("bench-basin".parse().unwrap());
     let stream = basin.stream("throughput".parse().unwrap());
+    let started = Instant::now();
+    let bytes = session_read(&stream, tail).await;
+    println!(
+        "history read from segments, cold (after a restart), one read session: {:.1} MiB/s",
+        bytes as f64 / (1 << 20) as f64 / started.elapsed().as_secs_f64()
+    );
+    server.terminate();
+    server.restart();
+    let s2 = streamgate_compat::benchmark_sdk_client(&server);
+    let basin = s2.basin("bench-basin".parse().unwrap());
+    let stream = basin.stream("throughput".parse().unwrap());
     timed_read(
         &stream,
         tail,
@@ -338,25 +392,32 @@ async fn main() {
     read_range(&stream, 0, cached_end).await;
     timed_read(&stream, cached_end, "history read from segments, cached").await;
 
-    // 5. Appends while a reader scans history: the single-client ack latency again.
-    let history_reader = {
-        let stream = basin.stream("throughput".parse().unwrap());
-        tokio::spawn(async move {
-            loop {
-                read_range(&stream, 0, tail).await;
-            }
-        })
-    };
+    // 5. Appends while a reader scans history: the single-client ack latency again, with
+    //    the history read by unary reads, then by a read session (which reads ahead).
+    let throughput = || basin.stream("throughput".parse().unwrap());
     let stream = basin.stream("latency".parse().unwrap());
-    let mut latencies = Vec::new();
-    for _ in 0..args.latency_appends / 2 {
-        let start = Instant::now();
-        stream.append(batch(1, 100)).await.unwrap();
-        latencies.push(start.elapsed());
-    }
-    history_reader.abort();
+    let count = args.latency_appends / 2;
+    let unary_scan = throughput();
+    let latencies = appends_while(&stream, count, async move {
+        loop {
+            read_range(&unary_scan, 0, tail).await;
+        }
+    })
+    .await;
     println!(
         "unary append, 1 client, 1 x 100 B record, while another client reads history: {}",
+        summary(latencies)
+    );
+    let session_scan = throughput();
+    let latencies = appends_while(&stream, count, async move {
+        loop {
+            session_read(&session_scan, tail).await;
+        }
+    })
+    .await;
+    println!(
+        "unary append, 1 client, 1 x 100 B record, while another client reads history \
+         through a read session: {}",
         summary(latencies)
     );
     let pid = server.pid().unwrap();
