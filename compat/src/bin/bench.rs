@@ -22,7 +22,7 @@ use clap::Parser;
 use futures::StreamExt;
 use s2_sdk::types::*;
 use s2_sdk::S2Stream;
-use streamgate_compat::{percentile, Server};
+use streamgate_compat::{cpu_secs, percentile, rss_kib, Server};
 
 #[derive(Parser)]
 struct Args {
@@ -175,28 +175,7 @@ fn durable_bandwidth(dir: &Path) -> f64 {
 }
 
 fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
-/// CPU seconds (user + system) the process has used so far.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which is in parentheses): utime and stime are 14 and 15.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| {
-        f.iter().filter_map(|v| v.parse::<f64>().ok()).sum()
-    });
-    ticks / 100.0
+    rss_kib(pid) as f64 / 1024.0
 }
 
 fn batch(records: usize, size: usize) -> AppendInput {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Parser;
 use futures::StreamExt;
 use s2_sdk::types::*;
-use streamgate_compat::{sdk_client, Server};
+use streamgate_compat::{cpu_secs, rss_kib, sdk_client, Server};
 use tokio::sync::Mutex;
 
 #[derive(Parser)]
@@ -34,16 +34,6 @@ fn now_micros() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_micros() as u64
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse().ok())
-        .unwrap_or(0)
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -111,6 +101,7 @@ async fn main() {
             }));
         }
         let started = Instant::now();
+        let cpu_before = (cpu_secs(pid), cpu_secs(std::process::id()));
         let mut ack_latencies = Vec::new();
         for _ in 0..args.records {
             let body = now_micros().to_be_bytes().to_vec();
@@ -125,11 +116,16 @@ async fn main() {
         for task in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(60), task).await;
         }
+        // Each process's CPU while the records were delivered, as a share of one core:
+        // the load generator's shows whether it, not the server, set the pace.
+        let secs = started.elapsed().as_secs_f64();
+        let server_cpu = 100.0 * (cpu_secs(pid) - cpu_before.0) / secs;
+        let generator_cpu = 100.0 * (cpu_secs(std::process::id()) - cpu_before.1) / secs;
         let mut delivered = latencies.lock().await.clone();
         delivered.sort_unstable();
         ack_latencies.sort_unstable();
         println!(
-            "{readers} tailing readers: append ack p50 {:.2} ms; delivery after append p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms ({} deliveries in {:.1} s); server RSS {} MiB -> {} MiB idle = {:.1} KiB per idle reader",
+            "{readers} tailing readers: append ack p50 {:.2} ms; delivery after append p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms ({} deliveries in {:.1} s); server RSS {} MiB -> {} MiB idle = {:.1} KiB per idle reader; CPU while delivering: server {:.0}%, load generator {:.0}% of one core ({} cores)",
             percentile(&ack_latencies, 0.5),
             percentile(&delivered, 0.5),
             percentile(&delivered, 0.99),
@@ -139,6 +135,9 @@ async fn main() {
             rss_before / 1024,
             rss_idle / 1024,
             (rss_idle.saturating_sub(rss_before)) as f64 / readers as f64,
+            server_cpu,
+            generator_cpu,
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
         );
     }
     drop(server);
