@@ -11,7 +11,7 @@ use crate::error::{Error, Resource, Result};
 use crate::names::BasinName;
 use crate::read_ahead::{ReadAhead, SESSION_READ_AHEAD_BYTES};
 use crate::record::{SequencedRecord, StreamPosition, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS};
-use crate::record_store::{KnownSegments, Listing, RecordStore};
+use crate::record_store::{Listing, RecordStore};
 use crate::remote::{RemoteStream, RemoteStreams};
 use crate::stream::{BatchLocation, StreamState};
 use crate::usage::{ConnectionId, Usage};
@@ -342,7 +342,6 @@ struct LocalReader {
     meter: ReadMeter,
     /// Sessions read ahead of what they have taken; unary reads do not.
     read_ahead: Option<ReadAhead>,
-    known_segments: KnownSegments,
 }
 
 /// Counts what a reader delivers, for the metrics API.
@@ -411,7 +410,6 @@ impl LocalReader {
             crypto,
             meter,
             read_ahead,
-            known_segments: KnownSegments::default(),
         })
     }
 
@@ -520,13 +518,7 @@ impl LocalReader {
         if start_seq < compacted_through {
             let in_segments = self
                 .store
-                .segment_locations(
-                    self.state.id,
-                    start_seq,
-                    compacted_through,
-                    &mut wanted,
-                    &mut self.known_segments,
-                )
+                .segment_locations(self.state.id, start_seq, compacted_through, &mut wanted)
                 .await?;
             first_retained = in_segments
                 .first()
@@ -535,7 +527,6 @@ impl LocalReader {
         }
         locations.extend(in_memory.into_iter().take_while(|b| wanted.take(b)));
         if let Some(read_ahead) = &mut self.read_ahead {
-            read_ahead.taken_up_to(start_seq);
             read_ahead.start(&locations);
         }
         let mut records = Vec::new();

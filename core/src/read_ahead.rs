@@ -5,8 +5,10 @@
 //!
 //! What is read ahead is the session's own: it never enters the shared caches, so a long
 //! scan of history cannot evict what tailing readers and recent reads are served from.
-//! Memory is bounded per session and across the process; a session that finds the
-//! process's budget spent reads as it would without read-ahead.
+//! Memory is bounded per session (about 16 MiB: the bound is checked before each batch)
+//! and across the process; a session that finds the process's budget spent reads as it
+//! would without read-ahead. A fetch given up on (its session ended, or its batches
+//! moved) gives its budget back at once, though a local read under way finishes first.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -22,7 +24,8 @@ use crate::record_store::RecordStore;
 use crate::stream::BatchLocation;
 use crate::wal::{decode_entry, EntrySpan};
 
-/// How far ahead of what it has taken one session reads, in bytes of stored batches.
+/// How far ahead of what it has taken one session reads, in bytes of stored batches
+/// (and the gaps between them that its ranges take in).
 pub(crate) const SESSION_READ_AHEAD_BYTES: u64 = 16 << 20;
 /// What all sessions together may hold read ahead.
 pub(crate) const PROCESS_READ_AHEAD_BYTES: usize = 256 << 20;
@@ -47,11 +50,10 @@ pub(crate) struct ReadAhead {
     fetches: VecDeque<Fetch>,
 }
 
-/// A range of one object holding whole batches of the stream, up to `end_seq`.
+/// A range of one object holding whole batches of the stream.
 struct Fetch {
     key: Arc<str>,
     range: Range<u64>,
-    end_seq: u64,
     state: FetchState,
     /// The fetch's share of the process's budget, given back when it is dropped.
     _permit: OwnedSemaphorePermit,
@@ -99,21 +101,37 @@ impl ReadAhead {
         }
     }
 
-    /// Starts fetching the batches of `upcoming` (in stream order) that no fetch holds
-    /// and no shared cache has, up to the session's and the process's bounds.
+    /// Plans the fetches for `upcoming`, the batches the session will take next (in
+    /// stream order): fetches that hold none of them are dropped (taken already, or
+    /// their batches moved into segments meanwhile), and those that no fetch holds and
+    /// no shared cache has are fetched, until the session holds its bound (checked
+    /// before each batch, so it may go over by one batch) or the process's budget is
+    /// spent.
     pub fn start(&mut self, upcoming: &[BatchLocation]) {
+        let mut needed = vec![false; self.fetches.len()];
+        for location in upcoming {
+            if let Some(i) = self.covering(location) {
+                needed[i] = true;
+            }
+        }
+        let mut needed = needed.into_iter();
+        self.fetches.retain(|_| needed.next().unwrap_or(false));
+
         let mut ahead: u64 = self
             .fetches
             .iter()
             .map(|f| f.range.end - f.range.start)
             .sum();
-        let mut planned: Option<(Arc<str>, Range<u64>, u64)> = None;
+        let mut planned: Option<(Arc<str>, Range<u64>)> = None;
         for location in upcoming {
-            if self.holds(location) || self.store.is_cached(location) {
+            if ahead >= SESSION_READ_AHEAD_BYTES {
+                break;
+            }
+            if self.covering(location).is_some() || self.store.is_cached(location) {
                 continue;
             }
             let span = location.span.range();
-            if let Some((key, range, end_seq)) = &mut planned {
+            if let Some((key, range)) = &mut planned {
                 let joins = **key == *location.object
                     && span.start >= range.end
                     && span.start - range.end <= MAX_GAP_BYTES
@@ -121,7 +139,6 @@ impl ReadAhead {
                 if joins {
                     ahead += span.end - range.end;
                     range.end = span.end;
-                    *end_seq = location.end_seq;
                     continue;
                 }
             }
@@ -130,11 +147,8 @@ impl ReadAhead {
                     return;
                 }
             }
-            if ahead >= SESSION_READ_AHEAD_BYTES {
-                return;
-            }
             ahead += span.end - span.start;
-            planned = Some((location.object.clone(), span, location.end_seq));
+            planned = Some((location.object.clone(), span));
         }
         if let Some(fetch) = planned {
             self.launch(fetch);
@@ -142,7 +156,7 @@ impl ReadAhead {
     }
 
     /// Starts one fetch if the process's budget allows it; whether it did.
-    fn launch(&mut self, (key, range, end_seq): (Arc<str>, Range<u64>, u64)) -> bool {
+    fn launch(&mut self, (key, range): (Arc<str>, Range<u64>)) -> bool {
         let Ok(bytes) = u32::try_from(range.end - range.start) else {
             return false;
         };
@@ -155,28 +169,24 @@ impl ReadAhead {
         self.fetches.push_back(Fetch {
             key,
             range,
-            end_seq,
             state: FetchState::Running(task),
             _permit: permit,
         });
         true
     }
 
-    fn holds(&self, location: &BatchLocation) -> bool {
+    /// The fetch holding the batch at `location`, if one does.
+    fn covering(&self, location: &BatchLocation) -> Option<usize> {
         self.fetches
             .iter()
-            .any(|f| f.covers(&location.object, location.span))
+            .position(|f| f.covers(&location.object, location.span))
     }
 
     /// The records of a batch: from the fetch that holds it, or else (none does, or the
     /// fetch failed: say its WAL chunk was compacted away meanwhile) from the store,
     /// which knows where the batch is now.
     pub async fn load(&mut self, location: &BatchLocation) -> Result<Vec<SequencedRecord>> {
-        let found = self
-            .fetches
-            .iter()
-            .position(|f| f.covers(&location.object, location.span));
-        let Some(i) = found else {
+        let Some(i) = self.covering(location) else {
             return self.store.load(location).await;
         };
         let fetch = &mut self.fetches[i];
@@ -190,12 +200,6 @@ impl ReadAhead {
         };
         let entry = within.cut(&location.object, &bytes)?;
         Ok(decode_entry(&location.object, entry)?.1)
-    }
-
-    /// Forgets the fetches whose batches all lie before `position` (taken, or skipped by
-    /// a trim).
-    pub fn taken_up_to(&mut self, position: u64) {
-        self.fetches.retain(|f| f.end_seq > position);
     }
 }
 
@@ -332,8 +336,8 @@ mod tests {
         );
         assert_eq!(f.objects.range_reads.load(Ordering::SeqCst), 1);
         assert!(!f.store.is_cached(&locations[0]));
-        // Taken: forgotten, and a start over the same batches fetches them again.
-        ahead.taken_up_to(20);
+        // Taken: a plan without them drops their fetch.
+        ahead.start(&[]);
         assert!(ahead.fetches.is_empty());
     }
 

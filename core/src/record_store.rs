@@ -17,7 +17,8 @@ use crate::wal::{decode_entry, EntrySpan};
 
 /// How much of a stream a read lists: batches until they hold `max_records` records
 /// from `start_seq` and, for read-ahead, until they hold `min_bytes` (but no more than
-/// [`MAX_LISTED_AHEAD`] batches past the records wanted).
+/// [`MAX_LISTED_AHEAD`] batches, from at most [`MAX_SEGMENTS_AHEAD`] more segments, past
+/// the records wanted).
 pub(crate) struct Listing {
     start_seq: u64,
     max_records: u64,
@@ -25,11 +26,15 @@ pub(crate) struct Listing {
     records: u64,
     bytes: u64,
     batches_ahead: usize,
+    segments_ahead: usize,
 }
 
 /// Read-ahead lists at most this many batches past the records a read wants, so a
 /// stream of tiny batches does not make every read list thousands of them.
 const MAX_LISTED_AHEAD: usize = 256;
+/// Read-ahead looks up at most this many segments past the records a read wants (one
+/// metadata query each), so a history of small segments costs no more queries per read.
+const MAX_SEGMENTS_AHEAD: usize = 1;
 
 impl Listing {
     pub fn new(start_seq: u64, max_records: u64, min_bytes: u64) -> Self {
@@ -40,7 +45,20 @@ impl Listing {
             records: 0,
             bytes: 0,
             batches_ahead: 0,
+            segments_ahead: 0,
         }
+    }
+
+    /// Whether to look up one more segment's batches (counted if it is past the records
+    /// wanted).
+    pub fn wants_another_segment(&mut self) -> bool {
+        if !self.wants_more() {
+            return false;
+        }
+        if self.records >= self.max_records {
+            self.segments_ahead += 1;
+        }
+        self.segments_ahead <= MAX_SEGMENTS_AHEAD
     }
 
     pub fn wants_more(&self) -> bool {
@@ -59,34 +77,6 @@ impl Listing {
         self.records += batch.end_seq - batch.start_seq.max(self.start_seq);
         self.bytes += batch.span.len;
         true
-    }
-}
-
-/// The index rows of the segments a reader looked up last, so that reading on through
-/// a segment does not look it up again for every batch. A row may be out of date (its
-/// segment merged away or removed since): reading its object then finds that out, and
-/// the store looks the batch up afresh.
-#[derive(Default)]
-pub(crate) struct KnownSegments(std::collections::VecDeque<Arc<SegmentRecord>>);
-
-/// How many segment rows a reader keeps (a row lists up to 4,096 batches).
-const KNOWN_SEGMENTS: usize = 2;
-
-impl KnownSegments {
-    fn holding(&self, seq: u64) -> Option<Arc<SegmentRecord>> {
-        self.0
-            .iter()
-            .find(|s| s.start_seq() <= seq && seq < s.end_seq())
-            .cloned()
-    }
-
-    fn remember(&mut self, segment: SegmentRecord) -> Arc<SegmentRecord> {
-        let segment = Arc::new(segment);
-        if self.0.len() == KNOWN_SEGMENTS {
-            self.0.pop_front();
-        }
-        self.0.push_back(segment.clone());
-        segment
     }
 }
 
@@ -226,24 +216,19 @@ impl RecordStore {
     }
 
     /// Where the batches of a stream from `from` up to `until` (the end of its compacted
-    /// records) lie in segments, enough of them to hold `max_count` records. Batches that
-    /// were trimmed or expired are not there: the first one returned may start later.
+    /// records) lie in segments, as many as `listing` wants. Batches that were trimmed or
+    /// expired are not there: the first one returned may start later.
     pub async fn segment_locations(
         &self,
         stream_id: u64,
         mut from: u64,
         until: u64,
         listing: &mut Listing,
-        known: &mut KnownSegments,
     ) -> Result<Vec<BatchLocation>> {
         let mut locations = Vec::new();
-        while from < until && listing.wants_more() {
-            let segment = match known.holding(from) {
-                Some(segment) => segment,
-                None => match self.segment_at(stream_id, from).await? {
-                    Some(segment) => known.remember(segment),
-                    None => break,
-                },
+        while from < until && listing.wants_another_segment() {
+            let Some(segment) = self.segment_at(stream_id, from).await? else {
+                break;
             };
             // A segment committed after the caller looked at `until` holds records the
             // caller finds in memory: they are not taken twice.

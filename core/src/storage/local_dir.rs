@@ -657,10 +657,6 @@ fn remove_leftovers(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Whether `path` still names the file that was `opened` (its metadata, taken from the
-/// open file). A file deleted while it was being read may have been recycled and
-/// rewritten as another object by then: what was read is not the object at `path`,
-/// which is gone.
 /// Ranges at least this long are read around the page cache where the file system
 /// allows: they are read by catch-ups and read-ahead, once, and copying them through the
 /// cache cost more CPU than the read itself; shorter ones go through it (their file's
@@ -724,9 +720,12 @@ fn read_range_direct(path: &Path, range: Range<u64>) -> std::io::Result<Option<B
     let opened = file.metadata()?;
     let file_len = opened.len();
     let block = BLOCK as u64;
-    if file_len < block || file_len % block != 0 || range.start > range.end {
+    if file_len < block || file_len % block != 0 {
         return Ok(None);
     }
+    // Never past the footer (a damaged index, say), so the block arithmetic below stays
+    // within the file.
+    check_range(&range, Some(file_len - FOOTER_LEN as u64))?;
     // The blocks holding the range, and the last one (the footer) if they do not reach it.
     let first = range.start / block * block;
     let end = range
@@ -757,6 +756,10 @@ fn read_range_direct(path: &Path, range: Range<u64>) -> std::io::Result<Option<B
     ))
 }
 
+/// Whether `path` still names the file that was `opened` (its metadata, taken from the
+/// open file). A file deleted while it was being read may have been recycled and
+/// rewritten as another object by then: what was read is not the object at `path`,
+/// which is gone.
 fn still_named(opened: &fs::Metadata, path: &Path) -> std::io::Result<bool> {
     #[cfg(unix)]
     {
