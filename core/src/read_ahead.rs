@@ -117,11 +117,7 @@ impl ReadAhead {
         let mut needed = needed.into_iter();
         self.fetches.retain(|_| needed.next().unwrap_or(false));
 
-        let mut ahead: u64 = self
-            .fetches
-            .iter()
-            .map(|f| f.range.end - f.range.start)
-            .sum();
+        let mut ahead = self.held_bytes();
         let mut planned: Option<(Arc<str>, Range<u64>)> = None;
         for location in upcoming {
             if ahead >= SESSION_READ_AHEAD_BYTES {
@@ -173,6 +169,14 @@ impl ReadAhead {
             _permit: permit,
         });
         true
+    }
+
+    /// The bytes the session's fetches hold or will hold.
+    fn held_bytes(&self) -> u64 {
+        self.fetches
+            .iter()
+            .map(|f| f.range.end - f.range.start)
+            .sum()
     }
 
     /// The fetch holding the batch at `location`, if one does.
@@ -255,16 +259,11 @@ mod tests {
     }
 
     async fn fixture() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let metadata = Arc::new(
-            SqlMetadataStore::open_sqlite(&dir.path().join("metadata.db"))
-                .await
-                .unwrap(),
-        );
+        let (metadata, dir) = SqlMetadataStore::temporary().await;
         let objects = Arc::new(CountingStore::default());
         let wal_cache = Arc::new(ChunkCache::new(64 << 20));
         let store = Arc::new(RecordStore::new(
-            metadata,
+            Arc::new(metadata),
             objects.clone(),
             wal_cache.clone(),
             64 << 20,
@@ -341,30 +340,43 @@ mod tests {
         assert!(ahead.fetches.is_empty());
     }
 
-    /// A session reads at most its own bound ahead, and nothing once the process's
-    /// budget is spent; its batches are then read from the store as usual.
+    /// A session reads at most its own bound ahead (plus one batch, and the gap before
+    /// it), whether its batches lie far apart (a fetch each) or are joined into ranges,
+    /// and nothing once the process's budget is spent; its batches are then read from
+    /// the store as usual.
     #[tokio::test]
     async fn read_ahead_stays_within_the_session_and_process_bounds() {
         let f = fixture().await;
-        // 40 batches of 1 MiB: past the session's 16 MiB.
-        let locations = chunk_with_two_streams(&f.objects, "wal/2", 40, 1 << 20).await;
+        // 40 batches of 1 MiB, 1 MiB apart: a fetch each, past the session's 16 MiB.
+        let apart = chunk_with_two_streams(&f.objects, "wal/2", 40, 1 << 20).await;
         let mut ahead = ReadAhead::new(f.store.clone(), budget());
-        ahead.start(&locations);
-        let held: u64 = ahead
-            .fetches
-            .iter()
-            .map(|f| f.range.end - f.range.start)
-            .sum();
-        assert!(held >= SESSION_READ_AHEAD_BYTES, "{held}");
-        assert!(held < SESSION_READ_AHEAD_BYTES + (3 << 20), "{held}");
-        assert_eq!(load_all(&mut ahead, &locations[..1]).await, vec![0]);
+        ahead.start(&apart);
+        assert_eq!(ahead.fetches.len(), 16);
+        assert!(ahead.held_bytes() >= SESSION_READ_AHEAD_BYTES);
+        assert!(ahead.held_bytes() <= SESSION_READ_AHEAD_BYTES + apart[0].span.len);
+        assert_eq!(load_all(&mut ahead, &apart[..1]).await, vec![0]);
+
+        // 600 batches of 64 KiB, 64 KiB apart: joined into ranges of up to 8 MiB.
+        let joined = chunk_with_two_streams(&f.objects, "wal/5", 600, 64 << 10).await;
+        let mut ahead = ReadAhead::new(f.store.clone(), budget());
+        ahead.start(&joined);
+        assert!(ahead.fetches.len() <= 3, "{}", ahead.fetches.len());
+        assert!(ahead.held_bytes() >= SESSION_READ_AHEAD_BYTES);
+        assert!(ahead.held_bytes() <= SESSION_READ_AHEAD_BYTES + 2 * joined[0].span.len);
+        // The first 100 batches (12.5 MiB with their gaps) come out of those fetches:
+        // no read of their own.
+        let reads_before = f.objects.range_reads.load(Ordering::SeqCst);
+        let first_hundred: Vec<u64> = (0..100).collect();
+        assert_eq!(load_all(&mut ahead, &joined[..100]).await, first_hundred);
+        let reads = f.objects.range_reads.load(Ordering::SeqCst) - reads_before;
+        assert!(reads <= ahead.fetches.len(), "{reads} reads");
 
         let spent = Arc::new(Semaphore::new(0));
         let mut starved = ReadAhead::new(f.store.clone(), spent);
-        starved.start(&locations);
+        starved.start(&apart);
         assert!(starved.fetches.is_empty());
         assert_eq!(
-            load_all(&mut starved, &locations).await,
+            load_all(&mut starved, &apart).await,
             (0..40).collect::<Vec<_>>()
         );
     }

@@ -328,12 +328,8 @@ mod tests {
     /// reads the batch from the merged segment; once the batch is trimmed, nothing.
     #[tokio::test]
     async fn a_batch_of_a_merged_away_segment_is_read_from_the_merged_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let metadata = Arc::new(
-            SqlMetadataStore::open_sqlite(&dir.path().join("metadata.db"))
-                .await
-                .unwrap(),
-        );
+        let (metadata, _dir) = SqlMetadataStore::temporary().await;
+        let metadata = Arc::new(metadata);
         let objects = Arc::new(MemoryObjectStore::default());
         let now = OffsetDateTime::now_utc();
         let stream = create_basin_and_stream(metadata.as_ref(), "merge-test", "s", now).await;

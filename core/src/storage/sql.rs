@@ -200,6 +200,17 @@ pub struct SqlMetadataStore {
 
 impl SqlMetadataStore {
     /// The embedded default: a SQLite file, created if missing.
+    /// A SQLite store in a new temporary directory (for unit tests), with the directory,
+    /// which must outlive it.
+    #[cfg(test)]
+    pub(crate) async fn temporary() -> (Self, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Self::open_sqlite(&dir.path().join("metadata.db"))
+            .await
+            .unwrap();
+        (store, dir)
+    }
+
     pub async fn open_sqlite(path: &Path) -> Result<Self> {
         sqlx::any::install_default_drivers();
         let url = format!("sqlite://{}?mode=rwc", path.display());
@@ -1391,10 +1402,7 @@ mod tests {
 
     #[tokio::test]
     async fn sqlite_passes_the_metadata_store_conformance_suite() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqlMetadataStore::open_sqlite(&dir.path().join("meta.db"))
-            .await
-            .unwrap();
+        let (store, _dir) = SqlMetadataStore::temporary().await;
         super::super::metadata::conformance(&store).await;
     }
 
