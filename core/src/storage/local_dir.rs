@@ -37,10 +37,18 @@ use crate::error::{Error, Result};
 
 /// Temporary files carry this suffix until they are renamed into place.
 const TEMP_SUFFIX: &str = ".partial";
-/// Footer: u64 data length, u32 CRC-32 of the data, 4-byte magic; big-endian. It sits at
-/// the very end of the file, after zero padding that rounds the file up to whole blocks.
+/// Footer: u64 data length, u32 CRC-32 of the object's key then its data, 4-byte magic;
+/// big-endian. It sits at the very end of the file, after zero padding that rounds the
+/// file up to whole blocks. The key is in the CRC because a file can come back from a
+/// crash holding another object: a recycled file's emptying is not made durable, so a
+/// prepared file whose put never came may show, footer and all, the bytes of the object
+/// it held before (say an unacknowledged chunk of an earlier epoch, whose positions were
+/// given to other records since, which recovery would refuse as an inconsistent log).
+/// With the key checked it reads as absent, like a torn write.
 const FOOTER_LEN: usize = 16;
-const FOOTER_MAGIC: &[u8; 4] = b"SGO1";
+const FOOTER_MAGIC: &[u8; 4] = b"SGO2";
+/// The footer of files written before the key was checked: a CRC of the data alone.
+const FOOTER_MAGIC_DATA_ONLY: &[u8; 4] = b"SGO1";
 /// Files are written in whole blocks of this size, so that they can bypass the page cache.
 const BLOCK: usize = 4096;
 /// The directory (under the root) of emptied files kept for reuse. No key can name it:
@@ -59,7 +67,8 @@ struct FileImage {
 }
 
 impl FileImage {
-    fn new(data: &[u8]) -> Self {
+    /// The image of `data` as the object `key`.
+    fn new(key: &str, data: &[u8]) -> Self {
         let len = (data.len() + FOOTER_LEN).div_ceil(BLOCK) * BLOCK;
         // Filled by appending, so only the padding is zeroed (not the whole image first);
         // the allocation stays where it is while the vector is within its capacity.
@@ -69,7 +78,7 @@ impl FileImage {
         buffer.extend_from_slice(data);
         buffer.resize(start + len - FOOTER_LEN, 0);
         buffer.extend_from_slice(&(data.len() as u64).to_be_bytes());
-        buffer.extend_from_slice(&crc32fast::hash(data).to_be_bytes());
+        buffer.extend_from_slice(&object_crc(key, data).to_be_bytes());
         buffer.extend_from_slice(FOOTER_MAGIC);
         debug_assert!(
             buffer.len() == start + len && buffer[start..].as_ptr().align_offset(BLOCK) == 0
@@ -85,15 +94,32 @@ impl FileImage {
 /// The data length a footer declares, if the footer is intact.
 fn footer_data_len(footer: &[u8], file_len: u64) -> Option<u64> {
     let len = u64::from_be_bytes(footer[..8].try_into().ok()?);
-    (&footer[12..] == FOOTER_MAGIC && len + FOOTER_LEN as u64 <= file_len).then_some(len)
+    let magic = &footer[12..];
+    ((magic == FOOTER_MAGIC || magic == FOOTER_MAGIC_DATA_ONLY)
+        && len + FOOTER_LEN as u64 <= file_len)
+        .then_some(len)
 }
 
-/// The data of a whole file, or `None` if its footer shows a torn write.
-fn strip_footer(mut file: Vec<u8>) -> Option<Vec<u8>> {
+/// The CRC a footer carries for `data` as the object `key`.
+fn object_crc(key: &str, data: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(key.as_bytes());
+    hasher.update(data);
+    hasher.finalize()
+}
+
+/// The data of a whole file of the object `key`, or `None` if its footer shows a torn
+/// write or another object.
+fn strip_footer(key: &str, mut file: Vec<u8>) -> Option<Vec<u8>> {
     let footer = &file[file.len().checked_sub(FOOTER_LEN)?..];
     let len = footer_data_len(footer, file.len() as u64)? as usize;
     let crc = u32::from_be_bytes(footer[8..12].try_into().unwrap());
-    if crc32fast::hash(&file[..len]) != crc {
+    let expected = if &footer[12..] == FOOTER_MAGIC {
+        object_crc(key, &file[..len])
+    } else {
+        crc32fast::hash(&file[..len])
+    };
+    if expected != crc {
         return None;
     }
     file.truncate(len);
@@ -259,8 +285,9 @@ impl LocalDirObjectStore {
         Ok(self.root.join(key))
     }
 
-    fn put_blocking(&self, path: &Path, data: &[u8]) -> Result<()> {
-        let image = FileImage::new(data);
+    /// Puts `data` as the object `key`, whose file is at `path`.
+    fn put_blocking(&self, key: &str, path: &Path, data: &[u8]) -> Result<()> {
+        let image = FileImage::new(key, data);
         if self.prepared.lock().remove(path) {
             // Its directory entry is durable already: one fdatasync makes the data durable.
             match write_image(path, &image, Target::Prepared) {
@@ -400,13 +427,15 @@ impl ObjectStore for LocalDirObjectStore {
     async fn put(&self, key: &str, data: Bytes) -> Result<()> {
         let path = self.path_of(key)?;
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.put_blocking(&path, &data))
+        let key = key.to_owned();
+        tokio::task::spawn_blocking(move || this.put_blocking(&key, &path, &data))
             .await
             .map_err(|e| Error::internal("a file task did not finish", e))?
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
         let path = self.path_of(key)?;
+        let key = key.to_owned();
         tokio::task::spawn_blocking(move || {
             let read = || -> std::io::Result<Option<Vec<u8>>> {
                 let mut file = File::open(&path)?;
@@ -416,7 +445,9 @@ impl ObjectStore for LocalDirObjectStore {
                 Ok(still_named(&opened, &path)?.then_some(data))
             };
             match read() {
-                Ok(data) => Ok(data.and_then(strip_footer).map(Bytes::from)),
+                Ok(data) => Ok(data
+                    .and_then(|data| strip_footer(&key, data))
+                    .map(Bytes::from)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(io_error(&path, e)),
             }
@@ -911,6 +942,39 @@ mod tests {
         assert_eq!(
             store.get("wal/2").await.unwrap(),
             Some(Bytes::from_static(b"retried"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_file_holding_another_objects_bytes_reads_as_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirObjectStore::open(dir.path()).unwrap();
+        store
+            .put("wal/1/old", Bytes::from_static(b"an older object"))
+            .await
+            .unwrap();
+        // What a crash can leave in a recycled file handed out as a prepared one.
+        fs::copy(dir.path().join("wal/1/old"), dir.path().join("wal/1/new")).unwrap();
+        assert_eq!(store.get("wal/1/new").await.unwrap(), None);
+        assert_eq!(
+            store.get("wal/1/old").await.unwrap(),
+            Some(Bytes::from_static(b"an older object"))
+        );
+        // Files written before the key was in the footer still read.
+        let data = b"written by an earlier version";
+        let mut file = data.to_vec();
+        file.resize(BLOCK - FOOTER_LEN, 0);
+        file.extend_from_slice(&(data.len() as u64).to_be_bytes());
+        file.extend_from_slice(&crc32fast::hash(data).to_be_bytes());
+        file.extend_from_slice(FOOTER_MAGIC_DATA_ONLY);
+        fs::write(dir.path().join("wal/1/earlier"), &file).unwrap();
+        assert_eq!(
+            store.get("wal/1/earlier").await.unwrap(),
+            Some(Bytes::from_static(data))
+        );
+        assert_eq!(
+            store.get_range("wal/1/earlier", 4..14).await.unwrap(),
+            Bytes::from_static(b"ten by an ")
         );
     }
 
