@@ -1120,6 +1120,38 @@ async fn segments_conformance(store: &dyn MetadataStore, live: u64) {
     );
     store.forget_obsolete_objects(&obsolete[4..]).await.unwrap();
 
+    // A compaction may retire more chunks than one statement binds; a key given twice
+    // (in different statements) is one object.
+    let mut many: Vec<String> = (0..1_200).map(|n| format!("wal/3/{n:06}")).collect();
+    many.push(many[3].clone());
+    store
+        .commit_compaction(
+            &CompactionCommit {
+                obsolete_objects: many.clone(),
+                ..Default::default()
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    many.pop();
+    let mut obsolete = store.obsolete_objects(now, 5_000).await.unwrap();
+    obsolete.sort();
+    assert_eq!(obsolete, many);
+    store
+        .forget_obsolete_objects(&obsolete[..1_100])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.obsolete_objects(now, 5_000).await.unwrap(),
+        obsolete[1_100..]
+    );
+    store
+        .forget_obsolete_objects(&obsolete[1_100..])
+        .await
+        .unwrap();
+    assert!(store.obsolete_objects(now, 5_000).await.unwrap().is_empty());
+
     // Removing a stream retires what is left of it.
     store
         .commit_compaction(

@@ -478,18 +478,34 @@ async fn mark_obsolete(
     keys: &[String],
     after: OffsetDateTime,
 ) -> Result<()> {
-    for key in keys {
-        sqlx::query(
-            "INSERT INTO obsolete_objects (object_key, deletable_at_ms) VALUES ($1, $2) \
-             ON CONFLICT (object_key) DO NOTHING",
-        )
-        .bind(key)
-        .bind(to_ms(after))
-        .execute(&mut **tx)
-        .await
-        .map_err(db)?;
+    // Many rows per statement: a compaction retires one WAL chunk per small append
+    // (tens of thousands), and a statement per key kept SQLite's worker thread busy
+    // while appends went on.
+    for batch in keys.chunks(KEYS_PER_STATEMENT) {
+        let values = placeholders(batch.len(), 2)
+            .map(|key| format!("({key}, $1)"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "INSERT INTO obsolete_objects (object_key, deletable_at_ms) VALUES {values} \
+             ON CONFLICT (object_key) DO NOTHING"
+        );
+        let mut query = sqlx::query(&sql).bind(to_ms(after));
+        for key in batch {
+            query = query.bind(key);
+        }
+        query.execute(&mut **tx).await.map_err(db)?;
     }
     Ok(())
+}
+
+/// How many keys one statement binds: well under the bound parameters SQLite (32,766)
+/// and PostgreSQL (65,535) take.
+const KEYS_PER_STATEMENT: usize = 500;
+
+/// `count` numbered placeholders from `$first` on.
+fn placeholders(count: usize, first: usize) -> impl Iterator<Item = String> {
+    (first..first + count).map(|number| format!("${number}"))
 }
 
 /// Whether stream `id` is live (`None` if not) and, if so, which node holds its lease
@@ -1256,12 +1272,14 @@ impl MetadataStore for SqlMetadataStore {
 
     async fn forget_obsolete_objects(&self, keys: &[String]) -> Result<()> {
         let mut tx = self.pool.begin().await.map_err(db)?;
-        for key in keys {
-            sqlx::query("DELETE FROM obsolete_objects WHERE object_key = $1")
-                .bind(key)
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
+        for batch in keys.chunks(KEYS_PER_STATEMENT) {
+            let listed = placeholders(batch.len(), 1).collect::<Vec<_>>().join(", ");
+            let sql = format!("DELETE FROM obsolete_objects WHERE object_key IN ({listed})");
+            let mut query = sqlx::query(&sql);
+            for key in batch {
+                query = query.bind(key);
+            }
+            query.execute(&mut *tx).await.map_err(db)?;
         }
         tx.commit().await.map_err(db)
     }
