@@ -249,6 +249,9 @@ impl Engine {
             catalog.clone(),
             compactor.clone(),
             obsolete_grace,
+            // Most of the time between two passes, so deletions keep up with a backlog
+            // while the pass's other work still comes round.
+            settings.reap_interval * 4,
         );
         let inner = Arc::new(Inner {
             appender,
