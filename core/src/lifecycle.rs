@@ -320,13 +320,13 @@ impl Lifecycle {
     }
 
     async fn delete_obsolete_objects(&self) -> Result<()> {
-        if self.compactor.is_uncertain() {
-            return Ok(()); // the chunks of an unconfirmed commit may still be read
-        }
+        // Not while a commit's outcome is unknown: this process may still read the
+        // chunks it made obsolete. Asked before every step, as a pass may go on a while.
         delete_due_objects(
             self.metadata.as_ref(),
             self.objects.as_ref(),
             self.deletion_budget,
+            || !self.compactor.is_uncertain(),
         )
         .await?;
         Ok(())
@@ -344,8 +344,9 @@ async fn delete_objects(objects: &dyn ObjectStore, keys: Vec<String>) -> Result<
     objects.sync_deletes(&keys).await
 }
 
-/// Deletes the obsolete objects that are due, a step at a time, until none is left or
-/// `budget` is spent (at least one step is taken); how many it deleted. Not a fixed
+/// Deletes the obsolete objects that are due, a step at a time, while `may_delete`
+/// says so, until none is left or `budget` is spent (a step is taken even with none
+/// left); how many it deleted. Not a fixed
 /// number of steps: that capped deletions at a rate (it was 10,000 per 5 s pass) that
 /// small appends outrun, as every one can be a WAL chunk (3,000 a second with one Redis
 /// client), and the log's directory and the obsolete list grew for as long as the load
@@ -354,10 +355,14 @@ async fn delete_due_objects(
     metadata: &dyn MetadataStore,
     objects: &dyn ObjectStore,
     budget: Duration,
+    may_delete: impl Fn() -> bool,
 ) -> Result<usize> {
     let started = Instant::now();
     let mut deleted = 0;
     loop {
+        if !may_delete() {
+            return Ok(deleted);
+        }
         let now = OffsetDateTime::now_utc();
         let keys = metadata.obsolete_objects(now, OBJECTS_PER_STEP).await?;
         let step = keys.len();
@@ -402,7 +407,7 @@ mod tests {
         let objects = MemoryObjectStore::default();
         // More than the ten steps a pass used to stop at.
         due_objects(&metadata, &objects, 12 * OBJECTS_PER_STEP + 7).await;
-        let deleted = delete_due_objects(&metadata, &objects, Duration::from_secs(600))
+        let deleted = delete_due_objects(&metadata, &objects, Duration::from_secs(600), || true)
             .await
             .unwrap();
         assert_eq!(deleted, 12 * OBJECTS_PER_STEP + 7);
@@ -416,16 +421,49 @@ mod tests {
         let (metadata, _dir) = SqlMetadataStore::temporary().await;
         let objects = MemoryObjectStore::default();
         due_objects(&metadata, &objects, 2 * OBJECTS_PER_STEP + 1).await;
-        let deleted = delete_due_objects(&metadata, &objects, Duration::ZERO)
+        let deleted = delete_due_objects(&metadata, &objects, Duration::ZERO, || true)
             .await
             .unwrap();
         assert_eq!(deleted, OBJECTS_PER_STEP);
-        let left = objects.list("wal/").await.unwrap();
-        assert_eq!(left.len(), OBJECTS_PER_STEP + 1);
+        assert_left_due(&metadata, &objects, OBJECTS_PER_STEP + 1).await;
+    }
+
+    #[tokio::test]
+    async fn deleting_stops_before_the_next_step_once_it_may_not_go_on() {
+        let (metadata, _dir) = SqlMetadataStore::temporary().await;
+        let objects = MemoryObjectStore::default();
+        due_objects(&metadata, &objects, 3 * OBJECTS_PER_STEP).await;
+        // Allowed once: as if a compaction commit's outcome became unknown meanwhile.
+        let asked = std::cell::Cell::new(0);
+        let may_delete = || {
+            asked.set(asked.get() + 1);
+            asked.get() == 1
+        };
+        let deleted = delete_due_objects(&metadata, &objects, Duration::from_secs(600), may_delete)
+            .await
+            .unwrap();
+        assert_eq!(deleted, OBJECTS_PER_STEP);
+        assert_eq!(asked.get(), 2, "asked before each step");
+        assert_left_due(&metadata, &objects, 2 * OBJECTS_PER_STEP).await;
+        // Not at all while it may not.
+        let deleted = delete_due_objects(&metadata, &objects, Duration::from_secs(600), || false)
+            .await
+            .unwrap();
+        assert_eq!(deleted, 0);
+        assert_left_due(&metadata, &objects, 2 * OBJECTS_PER_STEP).await;
+    }
+
+    /// `count` objects are left in the store, and exactly those are still due.
+    async fn assert_left_due(
+        metadata: &dyn MetadataStore,
+        objects: &dyn ObjectStore,
+        count: usize,
+    ) {
+        let mut left = objects.list("wal/").await.unwrap();
+        assert_eq!(left.len(), count);
         let now = OffsetDateTime::now_utc();
         let mut due = metadata.obsolete_objects(now, 5_000).await.unwrap();
         due.sort();
-        let mut left = left;
         left.sort();
         assert_eq!(due, left, "what is left is still recorded as due");
     }
