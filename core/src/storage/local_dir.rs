@@ -833,16 +833,22 @@ mod tests {
         assert!(!dir.path().join("wal/chunk.1.0.partial").exists());
     }
 
+    /// A store in a directory of its own, holding one object.
+    async fn store_holding(
+        key: &str,
+        data: &'static [u8],
+    ) -> (tempfile::TempDir, LocalDirObjectStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirObjectStore::open(dir.path()).unwrap();
+        store.put(key, Bytes::from_static(data)).await.unwrap();
+        (dir, store)
+    }
+
     #[cfg(unix)]
     #[tokio::test]
     async fn deleted_files_are_reused_by_prepares_and_never_read_as_their_old_key() {
         use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let store = LocalDirObjectStore::open(dir.path()).unwrap();
-        store
-            .put("wal/1", Bytes::from_static(b"first"))
-            .await
-            .unwrap();
+        let (dir, store) = store_holding("wal/1", b"first").await;
         let inode = fs::metadata(dir.path().join("wal/1")).unwrap().ino();
         // A reader that opened the file before the delete.
         let early_reader = File::open(dir.path().join("wal/1")).unwrap();
@@ -919,12 +925,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_torn_object_reads_as_absent() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = LocalDirObjectStore::open(dir.path()).unwrap();
-        store
-            .put("wal/1", Bytes::from_static(b"complete"))
-            .await
-            .unwrap();
+        let (dir, store) = store_holding("wal/1", b"complete").await;
         let full = fs::read(dir.path().join("wal/1")).unwrap();
         for cut in [0, 1, full.len() / 2, full.len() - 1] {
             fs::write(dir.path().join("wal/2"), &full[..cut]).unwrap();
@@ -947,12 +948,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_file_holding_another_objects_bytes_reads_as_absent() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = LocalDirObjectStore::open(dir.path()).unwrap();
-        store
-            .put("wal/1/old", Bytes::from_static(b"an older object"))
-            .await
-            .unwrap();
+        let (dir, store) = store_holding("wal/1/old", b"an older object").await;
         // What a crash can leave in a recycled file handed out as a prepared one.
         fs::copy(dir.path().join("wal/1/old"), dir.path().join("wal/1/new")).unwrap();
         assert_eq!(store.get("wal/1/new").await.unwrap(), None);
