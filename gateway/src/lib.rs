@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod cli;
+mod coalesce;
 pub mod cors;
 pub mod dashboard;
 #[cfg(feature = "fuzz")]

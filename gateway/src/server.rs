@@ -9,6 +9,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::coalesce::CoalescedWrites;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -143,13 +144,18 @@ async fn handshake_then_serve(
                 tracing::debug!(%peer, "connection closed: nothing sent within the handshake timeout");
                 return;
             }
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(socket), service);
+            let connection = builder.serve_connection_with_upgrades(
+                TokioIo::new(CoalescedWrites::new(socket)),
+                service,
+            );
             spawn_connection(watcher.watch(connection.into_owned()), slot);
         }
         Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(socket)).await {
             Ok(Ok(stream)) => {
-                let connection =
-                    builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                let connection = builder.serve_connection_with_upgrades(
+                    TokioIo::new(CoalescedWrites::new(stream)),
+                    service,
+                );
                 spawn_connection(watcher.watch(connection.into_owned()), slot);
             }
             Ok(Err(err)) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
