@@ -36,6 +36,23 @@ fn now_micros() -> u64 {
         .as_micros() as u64
 }
 
+/// Appends `records` records, one every 10 ms, each carrying its send time; returns
+/// each append's acknowledgement latency (µs).
+async fn append_timestamps(stream: s2_sdk::S2Stream, records: usize) -> Vec<u64> {
+    let mut ack_latencies = Vec::with_capacity(records);
+    for _ in 0..records {
+        let body = now_micros().to_be_bytes().to_vec();
+        let input = AppendInput::new(
+            AppendRecordBatch::try_from_iter([AppendRecord::new(body).unwrap()]).unwrap(),
+        );
+        let sent = Instant::now();
+        stream.append(input).await.unwrap();
+        ack_latencies.push(sent.elapsed().as_micros() as u64);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    ack_latencies
+}
+
 fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -54,7 +71,7 @@ async fn main() {
     s2.create_basin(CreateBasinInput::new(basin_name.clone()))
         .await
         .unwrap();
-    let basin = s2.basin(basin_name);
+    let basin = s2.basin(basin_name.clone());
 
     for (round, &readers) in args.readers.iter().enumerate() {
         let name: StreamName = format!("followed-{round}").parse().unwrap();
@@ -62,7 +79,7 @@ async fn main() {
             .create_stream(CreateStreamInput::new(name.clone()))
             .await
             .unwrap();
-        let stream = basin.stream(name);
+        let stream = basin.stream(name.clone());
         let rss_before = rss_kib(pid);
         let latencies = Arc::new(Mutex::new(Vec::with_capacity(readers * args.records)));
         let mut sessions = Vec::new();
@@ -102,17 +119,25 @@ async fn main() {
         }
         let started = Instant::now();
         let cpu_before = (cpu_secs(pid), cpu_secs(std::process::id()));
-        let mut ack_latencies = Vec::new();
-        for _ in 0..args.records {
-            let body = now_micros().to_be_bytes().to_vec();
-            let input = AppendInput::new(
-                AppendRecordBatch::try_from_iter([AppendRecord::new(body).unwrap()]).unwrap(),
-            );
-            let sent = Instant::now();
-            stream.append(input).await.unwrap();
-            ack_latencies.push(sent.elapsed().as_micros() as u64);
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        // The writer is another client, as it would be: its own connection (not queued
+        // behind the readers' deliveries on theirs) and its own thread (not behind their
+        // tasks in this process's runtime).
+        let writer = {
+            let stream = sdk_client(&server)
+                .basin(basin_name.clone())
+                .stream(name.clone());
+            let records = args.records;
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(append_timestamps(stream, records))
+            })
+        };
+        let mut ack_latencies = tokio::task::spawn_blocking(move || writer.join().unwrap())
+            .await
+            .unwrap();
         for task in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(60), task).await;
         }
