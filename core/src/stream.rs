@@ -371,7 +371,8 @@ impl StreamState {
         }
     }
 
-    /// Makes a durable batch visible to readers and wakes followers; for group ops,
+    /// Makes a durable batch visible to readers (followers are woken by
+    /// `wake_followers`, once the batch's acknowledgement is on its way); for group ops,
     /// marks them durable.
     pub fn publish(&self, batch: &SequencedBatch, chunk: Arc<str>, span: EntrySpan) {
         if batch.kind == EntryKind::GroupOps {
@@ -392,8 +393,17 @@ impl StreamState {
             stored: Stored::WalChunk,
             span,
         });
-        drop(visible);
-        self.tail_tx.send_replace(end);
+    }
+
+    /// Wakes the followers of the stream (and whoever waits for records to be durable)
+    /// to what `publish` made visible.
+    pub fn wake_followers(&self) {
+        let tail = self.visible.read().tail;
+        self.tail_tx.send_if_modified(|seen| {
+            let moved = *seen != tail;
+            *seen = tail;
+            moved
+        });
     }
 
     /// Records before `through` are now in segments: reads find them through the index,
@@ -633,6 +643,12 @@ mod tests {
             "sequenced is not durable"
         );
         s.publish(&batch, "chunk".into(), EntrySpan { offset: 0, len: 1 });
+        assert_eq!(s.tail().seq_num, 2, "readers see a published batch at once");
+        assert!(
+            (&mut waiting).now_or_never().is_none(),
+            "followers wait to be woken (after the acknowledgements)"
+        );
+        s.wake_followers();
         assert!(matches!(waiting.now_or_never(), Some(Ok(()))));
         let mut beyond = Box::pin(s.durable_through(3));
         assert!((&mut beyond).now_or_never().is_none());
@@ -671,6 +687,7 @@ mod tests {
         let mut waiting = Box::pin(s.durable_through(1));
         assert!((&mut waiting).now_or_never().is_none());
         s.publish(&batch, "chunk".into(), EntrySpan { offset: 0, len: 1 });
+        s.wake_followers();
         assert!(matches!(waiting.now_or_never(), Some(Ok(()))));
         // Deletion still wins over a move, and a move never undoes a deletion.
         s.mark_deleted();
