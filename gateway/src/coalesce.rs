@@ -163,7 +163,10 @@ mod tests {
         let mut io = CoalescedWrites::new(near);
         io.write_all(b"one ").await.unwrap();
         io.write_all(b"two ").await.unwrap();
-        let mut seen = [0u8; 8];
+        // hyper writes through the vectored call on a socket: its slices, in order.
+        let slices = [io::IoSlice::new(b"thr"), io::IoSlice::new(b"ee ")];
+        assert_eq!(io.write_vectored(&slices).await.unwrap(), 6);
+        let mut seen = [0u8; 14];
         let early = tokio::time::timeout(
             std::time::Duration::from_millis(50),
             far.read_exact(&mut seen),
@@ -172,7 +175,7 @@ mod tests {
         assert!(early.is_err(), "nothing is written before a flush");
         io.flush().await.unwrap();
         far.read_exact(&mut seen).await.unwrap();
-        assert_eq!(&seen, b"one two ");
+        assert_eq!(&seen, b"one two three ");
 
         // A write too large to gather follows what was gathered before it.
         let large = vec![7u8; GATHER_LIMIT + 1];
