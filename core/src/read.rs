@@ -141,7 +141,6 @@ impl StreamReader {
         }
     }
 
-    /// Whether every durable record has been read.
     /// Whether the stream was handed to another node while this reader read it here
     /// (see `Caller::follow_move`).
     pub fn has_moved(&self) -> bool {
@@ -151,8 +150,16 @@ impl StreamReader {
         }
     }
 
+    /// Whether every durable record has been read.
     pub fn at_tail(&self) -> bool {
-        self.position() >= self.tail().seq_num
+        self.tail_if_reached().is_some()
+    }
+
+    /// The tail, if the reader has reached it. A refusal (416) names this tail: the one
+    /// it was decided against, read once, since appends may move the tail any moment.
+    pub fn tail_if_reached(&self) -> Option<StreamPosition> {
+        let tail = self.tail();
+        (self.position() >= tail.seq_num).then_some(tail)
     }
 
     /// The next durable records within `limits` (count and bytes should be set), and
@@ -179,8 +186,8 @@ impl StreamReader {
     /// `MAX_UNARY_WAIT`.
     pub async fn read_one_batch(&mut self, request: &ReadRequest) -> Result<ReadBatch> {
         let wait = request.wait.min(MAX_UNARY_WAIT);
-        if wait.is_zero() && self.at_tail() {
-            return Err(Error::RangeNotSatisfiable { tail: self.tail() });
+        if let Some(tail) = self.tail_if_reached().filter(|_| wait.is_zero()) {
+            return Err(Error::RangeNotSatisfiable { tail });
         }
         let limits = request.limits.for_one_batch();
         if limits.count == Some(0) || limits.bytes == Some(0) {
@@ -239,10 +246,15 @@ impl RemoteReader {
                     Some(tail) => tail,
                     None => reader.remote.check_tail(&reader.at).await?,
                 };
-                reader.position = batch
-                    .records
-                    .first()
-                    .map_or(reader.tail.seq_num, |r| r.seq_num);
+                reader.position = match (batch.records.first(), start) {
+                    (Some(first), _) => first.seq_num,
+                    // Nothing, and no tail: the owner's read found its stream handed on
+                    // (the tail just looked up may be the new owner's, past records not
+                    // read yet) or trimmed meanwhile. A start by position stays where it
+                    // was asked; the next fetch skips whatever is trimmed.
+                    (None, ReadStart::SeqNum(seq)) => seq.min(reader.tail.seq_num),
+                    (None, _) => reader.tail.seq_num,
+                };
                 reader.buffered.extend(batch.records);
             }
             // At the tail (or, with `clamp`, beyond it): the reader starts there.
@@ -599,4 +611,100 @@ async fn start_seq(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::StreamName;
+    use crate::record::AppendAck;
+    use bytes::Bytes;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// An owner holding records 0..10 whose first answer is an empty batch without a
+    /// tail, as an owner whose stream was handed on while it read answers.
+    #[derive(Default)]
+    struct HandedOnOwner {
+        answered: AtomicBool,
+    }
+
+    const TAIL: u64 = 10;
+
+    #[async_trait::async_trait]
+    impl RemoteStreams for HandedOnOwner {
+        async fn append(
+            &self,
+            _: &RemoteStream,
+            _: crate::record::AppendInput,
+        ) -> Result<AppendAck> {
+            unreachable!("the reader only reads")
+        }
+
+        async fn read(&self, _: &RemoteStream, request: ReadRequest) -> Result<ReadBatch> {
+            if !self.answered.swap(true, Ordering::SeqCst) {
+                return Ok(ReadBatch::default());
+            }
+            let ReadStart::SeqNum(from) = request.start else {
+                unreachable!("fetches go by position")
+            };
+            let records = (from..TAIL)
+                .map(|seq_num| SequencedRecord {
+                    seq_num,
+                    timestamp: seq_num,
+                    headers: Vec::new(),
+                    body: Bytes::from(format!("r{seq_num}")),
+                })
+                .collect();
+            Ok(ReadBatch {
+                records,
+                tail: Some(self.check_tail_now()),
+            })
+        }
+
+        async fn check_tail(&self, _: &RemoteStream) -> Result<StreamPosition> {
+            Ok(self.check_tail_now())
+        }
+
+        async fn resp_command(
+            &self,
+            _: &RemoteStream,
+            _: Bytes,
+            _: bool,
+            _: Duration,
+        ) -> Result<Bytes> {
+            unreachable!("the reader only reads")
+        }
+    }
+
+    impl HandedOnOwner {
+        fn check_tail_now(&self) -> StreamPosition {
+            StreamPosition {
+                seq_num: TAIL,
+                timestamp: TAIL,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_remote_reader_opened_on_an_empty_answer_skips_nothing() {
+        let at = RemoteStream {
+            node_url: "http://owner".into(),
+            bearer: String::new(),
+            basin: BasinName::new("remote-basin").unwrap(),
+            stream: StreamName::new("stream").unwrap(),
+            encryption_key: None,
+            connection: None,
+        };
+        let owner = Arc::new(HandedOnOwner::default());
+        let mut reader = StreamReader::open_remote(owner, at, ReadStart::SeqNum(4), false)
+            .await
+            .unwrap();
+        assert_eq!(reader.position(), 4, "the reader starts where it was asked");
+        let (batch, _) = reader
+            .next_batch(ReadLimits::default().for_one_batch())
+            .await
+            .unwrap();
+        let read: Vec<u64> = batch.records.iter().map(|r| r.seq_num).collect();
+        assert_eq!(read, (4..TAIL).collect::<Vec<_>>());
+    }
 }

@@ -359,6 +359,71 @@ async fn reads_follow_the_documented_416_table_and_bounds() {
     assert!(batch.records[0].seq_num <= 3);
 }
 
+/// A 416 names the tail it was decided against. Readers keep reading at the tail while
+/// appends land: a reader's position never passes the tail, so every 416 it gets must
+/// name exactly its position. (The tail was once read twice, for the decision and for
+/// the answer: an append published in between gave "416, tail 481" to a read at 454.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_416_names_the_tail_it_was_decided_against() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let s = setup(&engine, "racing-the-tail").await;
+    const APPENDS_PER_WRITER: usize = 1500;
+    let writers: Vec<_> = (0..6)
+        .map(|w| {
+            let (caller, s) = (engine.root.clone(), s.clone());
+            tokio::spawn(async move {
+                for i in 0..APPENDS_PER_WRITER {
+                    let body = format!("w{w}-{i}");
+                    caller
+                        .append(&basin(), &s, records(&[&body]), None)
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (caller, s) = (engine.root.clone(), s.clone());
+            tokio::spawn(async move {
+                let (mut position, mut refusals) = (0u64, 0u64);
+                while position < 6 * APPENDS_PER_WRITER as u64 {
+                    match caller.read(&basin(), &s, from_seq(position), None).await {
+                        Ok(batch) => {
+                            let last = batch.records.last().expect("a read below the tail");
+                            position = last.seq_num + 1;
+                        }
+                        Err(Error::RangeNotSatisfiable { tail }) => {
+                            assert_eq!(
+                                tail.seq_num, position,
+                                "a read at {position} was refused naming tail {}",
+                                tail.seq_num
+                            );
+                            refusals += 1;
+                            // A read at the tail completes without waiting: let the
+                            // writers' tasks run (a client's request would wait on its
+                            // socket here).
+                            tokio::task::yield_now().await;
+                        }
+                        Err(err) => panic!("{err}"),
+                    }
+                }
+                refusals
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let mut refusals = 0;
+    for reader in readers {
+        refusals += reader.await.unwrap();
+    }
+    // The readers did wait at the tail: the race was run.
+    assert!(refusals > 1000, "only {refusals} reads found the tail");
+}
+
 #[tokio::test]
 async fn a_waiting_read_wakes_on_append() {
     let dir = tempfile::tempdir().unwrap();

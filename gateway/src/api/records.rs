@@ -204,11 +204,11 @@ pub async fn read(
         )
         .await?;
     let exhausted = bounds.count == Some(0) || bounds.bytes == Some(0);
-    if !exhausted && !bounds.waits() && reader.at_tail() {
-        return Err(streamgate_core::Error::RangeNotSatisfiable {
-            tail: reader.tail(),
-        }
-        .into());
+    if let Some(tail) = reader
+        .tail_if_reached()
+        .filter(|_| !exhausted && !bounds.waits())
+    {
+        return Err(streamgate_core::Error::RangeNotSatisfiable { tail }.into());
     }
     Ok(if s2s {
         let encoder = S2sEncoder {
