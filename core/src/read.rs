@@ -186,8 +186,10 @@ impl StreamReader {
     /// `MAX_UNARY_WAIT`.
     pub async fn read_one_batch(&mut self, request: &ReadRequest) -> Result<ReadBatch> {
         let wait = request.wait.min(MAX_UNARY_WAIT);
-        if let Some(tail) = self.tail_if_reached().filter(|_| wait.is_zero()) {
-            return Err(Error::RangeNotSatisfiable { tail });
+        if wait.is_zero() {
+            if let Some(tail) = self.tail_if_reached() {
+                return Err(Error::RangeNotSatisfiable { tail });
+            }
         }
         let limits = request.limits.for_one_batch();
         if limits.count == Some(0) || limits.bytes == Some(0) {
@@ -240,34 +242,48 @@ impl RemoteReader {
             limits: ReadLimits::default().for_one_batch(),
             wait: Duration::ZERO,
         };
-        match reader.remote.read(&reader.at, first).await {
-            Ok(batch) => {
-                reader.tail = match batch.tail {
-                    Some(tail) => tail,
-                    None => reader.remote.check_tail(&reader.at).await?,
-                };
-                reader.position = match (batch.records.first(), start) {
-                    (Some(first), _) => first.seq_num,
-                    // Nothing, and no tail: the owner's read found its stream handed on
-                    // (the tail just looked up may be the new owner's, past records not
-                    // read yet) or trimmed meanwhile. A start by position stays where it
-                    // was asked; the next fetch skips whatever is trimmed.
-                    (None, ReadStart::SeqNum(seq)) => seq.min(reader.tail.seq_num),
-                    (None, _) => reader.tail.seq_num,
-                };
-                reader.buffered.extend(batch.records);
-            }
-            // At the tail (or, with `clamp`, beyond it): the reader starts there.
-            Err(Error::RangeNotSatisfiable { tail }) => {
-                if let (ReadStart::SeqNum(seq), false) = (start, clamp) {
-                    if seq > tail.seq_num {
-                        return Err(Error::RangeNotSatisfiable { tail });
-                    }
+        // An empty answer means the owner's read found its stream handed on (a read
+        // made again goes to the new owner) or everything from the start trimmed
+        // meanwhile (a read made again is refused at the tail). The first read is made
+        // again once rather than guessing where the reader stands.
+        let mut empty_answers = 0;
+        loop {
+            match reader.remote.read(&reader.at, first).await {
+                Ok(batch) if batch.records.is_empty() && empty_answers == 0 => {
+                    empty_answers += 1;
                 }
-                reader.tail = tail;
-                reader.position = tail.seq_num;
+                Ok(batch) => {
+                    reader.tail = match batch.tail {
+                        Some(tail) => tail,
+                        None => reader.remote.check_tail(&reader.at).await?,
+                    };
+                    reader.position = match (batch.records.first(), start) {
+                        (Some(first), _) => first.seq_num,
+                        // Empty twice: a start by position stays where it was asked
+                        // (the owner skips what is trimmed), one from the tail counts
+                        // from the tail just looked up.
+                        (None, ReadStart::SeqNum(seq)) => seq.min(reader.tail.seq_num),
+                        (None, ReadStart::TailOffset(back)) => {
+                            reader.tail.seq_num.saturating_sub(back)
+                        }
+                        (None, ReadStart::Timestamp(_)) => reader.tail.seq_num,
+                    };
+                    reader.buffered.extend(batch.records);
+                    break;
+                }
+                // At the tail (or, with `clamp`, beyond it): the reader starts there.
+                Err(Error::RangeNotSatisfiable { tail }) => {
+                    if let (ReadStart::SeqNum(seq), false) = (start, clamp) {
+                        if seq > tail.seq_num {
+                            return Err(Error::RangeNotSatisfiable { tail });
+                        }
+                    }
+                    reader.tail = tail;
+                    reader.position = tail.seq_num;
+                    break;
+                }
+                Err(err) => return Err(err),
             }
-            Err(err) => return Err(err),
         }
         Ok(reader)
     }
@@ -293,8 +309,11 @@ impl RemoteReader {
                 self.buffered.extend(batch.records);
                 Ok(any)
             }
+            // Nothing from the position to the tail (a clamped read is refused only
+            // there): whatever lay between was trimmed, and the reader moves past it.
             Err(Error::RangeNotSatisfiable { tail }) => {
                 self.tail = tail;
+                self.position = self.position.max(tail.seq_num);
                 Ok(false)
             }
             Err(err) => Err(err),
@@ -617,37 +636,44 @@ async fn start_seq(
 mod tests {
     use super::*;
     use crate::names::StreamName;
-    use crate::record::AppendAck;
+    use crate::record::{AppendAck, AppendInput};
     use bytes::Bytes;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicU32, Ordering};
 
-    /// An owner holding records 0..10 whose first answer is an empty batch without a
-    /// tail, as an owner whose stream was handed on while it read answers.
-    #[derive(Default)]
-    struct HandedOnOwner {
-        answered: AtomicBool,
+    const TAIL: StreamPosition = StreamPosition {
+        seq_num: 10,
+        timestamp: 10,
+    };
+
+    /// An owner of a stream whose records before `retained_from` are trimmed and which
+    /// ends at `TAIL`. Its first `empty_answers` reads answer an empty batch without a
+    /// tail, as an owner whose stream was handed on (or trimmed) under the read answers.
+    struct Owner {
+        retained_from: u64,
+        empty_answers: AtomicU32,
     }
 
-    const TAIL: u64 = 10;
-
     #[async_trait::async_trait]
-    impl RemoteStreams for HandedOnOwner {
-        async fn append(
-            &self,
-            _: &RemoteStream,
-            _: crate::record::AppendInput,
-        ) -> Result<AppendAck> {
+    impl RemoteStreams for Owner {
+        async fn append(&self, _: &RemoteStream, _: AppendInput) -> Result<AppendAck> {
             unreachable!("the reader only reads")
         }
 
         async fn read(&self, _: &RemoteStream, request: ReadRequest) -> Result<ReadBatch> {
-            if !self.answered.swap(true, Ordering::SeqCst) {
+            let empty = self
+                .empty_answers
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            if empty.is_ok() {
                 return Ok(ReadBatch::default());
             }
             let ReadStart::SeqNum(from) = request.start else {
-                unreachable!("fetches go by position")
+                unreachable!("the tests start by position")
             };
-            let records = (from..TAIL)
+            let from = from.max(self.retained_from);
+            if from >= TAIL.seq_num {
+                return Err(Error::RangeNotSatisfiable { tail: TAIL });
+            }
+            let records = (from..TAIL.seq_num)
                 .map(|seq_num| SequencedRecord {
                     seq_num,
                     timestamp: seq_num,
@@ -657,12 +683,12 @@ mod tests {
                 .collect();
             Ok(ReadBatch {
                 records,
-                tail: Some(self.check_tail_now()),
+                tail: Some(TAIL),
             })
         }
 
         async fn check_tail(&self, _: &RemoteStream) -> Result<StreamPosition> {
-            Ok(self.check_tail_now())
+            Ok(TAIL)
         }
 
         async fn resp_command(
@@ -676,17 +702,9 @@ mod tests {
         }
     }
 
-    impl HandedOnOwner {
-        fn check_tail_now(&self) -> StreamPosition {
-            StreamPosition {
-                seq_num: TAIL,
-                timestamp: TAIL,
-            }
-        }
-    }
-
-    #[tokio::test]
-    async fn a_remote_reader_opened_on_an_empty_answer_skips_nothing() {
+    /// Opens a reader at 4 of `owner`'s stream: where it stands, what it reads next, and
+    /// where it stands then.
+    async fn open_at_4(owner: Owner) -> (u64, Vec<u64>, u64) {
         let at = RemoteStream {
             node_url: "http://owner".into(),
             bearer: String::new(),
@@ -695,16 +713,48 @@ mod tests {
             encryption_key: None,
             connection: None,
         };
-        let owner = Arc::new(HandedOnOwner::default());
-        let mut reader = StreamReader::open_remote(owner, at, ReadStart::SeqNum(4), false)
+        let mut reader = StreamReader::open_remote(Arc::new(owner), at, ReadStart::SeqNum(4), true)
             .await
             .unwrap();
-        assert_eq!(reader.position(), 4, "the reader starts where it was asked");
+        let position = reader.position();
         let (batch, _) = reader
             .next_batch(ReadLimits::default().for_one_batch())
             .await
             .unwrap();
-        let read: Vec<u64> = batch.records.iter().map(|r| r.seq_num).collect();
-        assert_eq!(read, (4..TAIL).collect::<Vec<_>>());
+        let read = batch.records.iter().map(|r| r.seq_num).collect();
+        (position, read, reader.position())
+    }
+
+    #[tokio::test]
+    async fn a_remote_reader_opened_on_empty_answers_skips_nothing() {
+        for empty_answers in [1, 2] {
+            let owner = Owner {
+                retained_from: 0,
+                empty_answers: AtomicU32::new(empty_answers),
+            };
+            let (position, read, after) = open_at_4(owner).await;
+            assert_eq!(position, 4, "{empty_answers} empty answer(s)");
+            assert_eq!(read, (4..10).collect::<Vec<_>>(), "{empty_answers}");
+            assert_eq!(after, TAIL.seq_num, "{empty_answers}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_remote_reader_moves_past_records_trimmed_up_to_the_tail() {
+        for empty_answers in [0, 1, 2] {
+            let owner = Owner {
+                retained_from: TAIL.seq_num,
+                empty_answers: AtomicU32::new(empty_answers),
+            };
+            let (position, read, after) = open_at_4(owner).await;
+            if empty_answers < 2 {
+                // The first read, or the one made again, is refused at the tail.
+                assert_eq!(position, TAIL.seq_num, "{empty_answers} empty answer(s)");
+            }
+            assert!(read.is_empty(), "{empty_answers}");
+            // Not left below the tail with nothing there, where a wait for records
+            // would return at once, over and over.
+            assert_eq!(after, TAIL.seq_num, "{empty_answers}");
+        }
     }
 }

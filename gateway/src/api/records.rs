@@ -204,11 +204,10 @@ pub async fn read(
         )
         .await?;
     let exhausted = bounds.count == Some(0) || bounds.bytes == Some(0);
-    if let Some(tail) = reader
-        .tail_if_reached()
-        .filter(|_| !exhausted && !bounds.waits())
-    {
-        return Err(streamgate_core::Error::RangeNotSatisfiable { tail }.into());
+    if !exhausted && !bounds.waits() {
+        if let Some(tail) = reader.tail_if_reached() {
+            return Err(streamgate_core::Error::RangeNotSatisfiable { tail }.into());
+        }
     }
     Ok(if s2s {
         let encoder = S2sEncoder {

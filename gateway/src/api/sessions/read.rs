@@ -255,8 +255,13 @@ async fn run<E: SessionEncoder>(
             break;
         }
         if !announced_following {
+            // Announced with the tail the reader is at: records published since the
+            // batch are read first, and announced after.
+            let Some(tail) = reader.tail_if_reached() else {
+                continue;
+            };
             announced_following = true;
-            if out.send(encoder.heartbeat(reader.tail())).await.is_err() {
+            if out.send(encoder.heartbeat(tail)).await.is_err() {
                 return;
             }
         }
@@ -268,8 +273,11 @@ async fn run<E: SessionEncoder>(
                 Ok(true) => {}
                 Ok(false) if idle_deadline.is_some_and(|idle| Instant::now() >= idle) => break,
                 Ok(false) => {
-                    if out.send(encoder.heartbeat(reader.tail())).await.is_err() {
-                        return;
+                    // As above: a heartbeat names only a tail the reader is at.
+                    if let Some(tail) = reader.tail_if_reached() {
+                        if out.send(encoder.heartbeat(tail)).await.is_err() {
+                            return;
+                        }
                     }
                 }
                 Err(streamgate_core::Error::StreamMoved) if reader.has_moved() => {
