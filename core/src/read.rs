@@ -273,10 +273,14 @@ impl RemoteReader {
                 }
                 // At the tail (or, with `clamp`, beyond it): the reader starts there.
                 Err(Error::RangeNotSatisfiable { tail }) => {
-                    if let (ReadStart::SeqNum(seq), false) = (start, clamp) {
-                        if seq > tail.seq_num {
-                            return Err(Error::RangeNotSatisfiable { tail });
-                        }
+                    // Beyond it without `clamp` is refused, as on the owner itself.
+                    let beyond = match start {
+                        ReadStart::SeqNum(seq) => seq > tail.seq_num,
+                        ReadStart::Timestamp(timestamp) => timestamp > tail.timestamp,
+                        ReadStart::TailOffset(_) => false,
+                    };
+                    if beyond && !clamp {
+                        return Err(Error::RangeNotSatisfiable { tail });
                     }
                     reader.tail = tail;
                     reader.position = tail.seq_num;
@@ -666,8 +670,14 @@ mod tests {
             if empty.is_ok() {
                 return Ok(ReadBatch::default());
             }
-            let ReadStart::SeqNum(from) = request.start else {
-                unreachable!("the tests start by position")
+            let from = match request.start {
+                ReadStart::SeqNum(from) => from,
+                ReadStart::Timestamp(t) if t > TAIL.timestamp => {
+                    return Err(Error::RangeNotSatisfiable { tail: TAIL })
+                }
+                // Timestamps are sequence numbers here.
+                ReadStart::Timestamp(t) => t,
+                ReadStart::TailOffset(back) => TAIL.seq_num.saturating_sub(back),
             };
             let from = from.max(self.retained_from);
             if from >= TAIL.seq_num {
@@ -702,17 +712,21 @@ mod tests {
         }
     }
 
-    /// Opens a reader at 4 of `owner`'s stream: where it stands, what it reads next, and
-    /// where it stands then.
-    async fn open_at_4(owner: Owner) -> (u64, Vec<u64>, u64) {
-        let at = RemoteStream {
+    fn remote_stream() -> RemoteStream {
+        RemoteStream {
             node_url: "http://owner".into(),
             bearer: String::new(),
             basin: BasinName::new("remote-basin").unwrap(),
             stream: StreamName::new("stream").unwrap(),
             encryption_key: None,
             connection: None,
-        };
+        }
+    }
+
+    /// Opens a reader at 4 of `owner`'s stream: where it stands, what it reads next, and
+    /// where it stands then.
+    async fn open_at_4(owner: Owner) -> (u64, Vec<u64>, u64) {
+        let at = remote_stream();
         let mut reader = StreamReader::open_remote(Arc::new(owner), at, ReadStart::SeqNum(4), true)
             .await
             .unwrap();
@@ -755,6 +769,30 @@ mod tests {
             // Not left below the tail with nothing there, where a wait for records
             // would return at once, over and over.
             assert_eq!(after, TAIL.seq_num, "{empty_answers}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_remote_start_beyond_the_tail_is_refused_unless_clamped() {
+        let past = [ReadStart::SeqNum(11), ReadStart::Timestamp(11)];
+        for (start, clamp) in past.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+            let owner = Owner {
+                retained_from: 0,
+                empty_answers: AtomicU32::new(0),
+            };
+            let opened =
+                StreamReader::open_remote(Arc::new(owner), remote_stream(), start, clamp).await;
+            match opened {
+                Err(Error::RangeNotSatisfiable { tail }) => {
+                    assert!(!clamp, "{start:?} refused with clamp");
+                    assert_eq!(tail, TAIL);
+                }
+                Ok(reader) => {
+                    assert!(clamp, "{start:?} opened without clamp");
+                    assert_eq!(reader.position(), TAIL.seq_num);
+                }
+                Err(err) => panic!("{err}"),
+            }
         }
     }
 }
