@@ -205,7 +205,18 @@ impl StreamReader {
                 Ok(true) => {}
                 // Handed to another node while waiting: what a wait that ran out
                 // answers (the client's next read reaches the new owner).
-                Ok(false) | Err(Error::StreamMoved) => return Ok(ReadBatch::default()),
+                Ok(false) | Err(Error::StreamMoved) => {
+                    if !wait.is_zero() {
+                        return Ok(ReadBatch::default());
+                    }
+                    // A read that does not wait answers records or 416, as at its
+                    // start: the records it was to return were trimmed away under it
+                    // (refused from where they ended), or others came just now (read).
+                    match self.tail_if_reached() {
+                        Some(tail) => return Err(Error::RangeNotSatisfiable { tail }),
+                        None => continue,
+                    }
+                }
                 Err(err) => return Err(err),
             }
         }

@@ -424,6 +424,55 @@ async fn a_416_names_the_tail_it_was_decided_against() {
     assert!(refusals > 1000, "only {refusals} reads found the tail");
 }
 
+/// A read that does not wait answers records or 416, never nothing: also when what it
+/// was to return is trimmed away while it reads. A writer appends a record and then
+/// trims everything (itself included), over and over, while readers read from 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_whose_records_are_trimmed_under_it_is_refused_at_the_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path()).await;
+    let s = setup(&engine, "trimmed-under-reads").await;
+    let writer = {
+        let (caller, s) = (engine.root.clone(), s.clone());
+        tokio::spawn(async move {
+            for i in 0..2000 {
+                let body = format!("r{i}");
+                caller
+                    .append(&basin(), &s, records(&[&body]), None)
+                    .await
+                    .unwrap();
+                let everything = command("trim", &u64::MAX.to_be_bytes());
+                caller.append(&basin(), &s, everything, None).await.unwrap();
+            }
+        })
+    };
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (caller, s, writer) = (engine.root.clone(), s.clone(), writer.abort_handle());
+            tokio::spawn(async move {
+                let (mut read, mut refused) = (0u64, 0u64);
+                while !writer.is_finished() {
+                    match caller.read(&basin(), &s, from_seq(0), None).await {
+                        Ok(batch) => {
+                            assert!(!batch.records.is_empty(), "an empty answer: {batch:?}");
+                            read += 1;
+                        }
+                        Err(Error::RangeNotSatisfiable { .. }) => refused += 1,
+                        Err(err) => panic!("{err}"),
+                    }
+                    tokio::task::yield_now().await;
+                }
+                (read, refused)
+            })
+        })
+        .collect();
+    writer.await.unwrap();
+    for reader in readers {
+        let (read, refused) = reader.await.unwrap();
+        assert!(read > 0 && refused > 0, "read {read}, refused {refused}");
+    }
+}
+
 #[tokio::test]
 async fn a_waiting_read_wakes_on_append() {
     let dir = tempfile::tempdir().unwrap();
