@@ -253,10 +253,12 @@ impl RemoteReader {
             limits: ReadLimits::default().for_one_batch(),
             wait: Duration::ZERO,
         };
-        // An empty answer means the owner's read found its stream handed on (a read
-        // made again goes to the new owner) or everything from the start trimmed
-        // meanwhile (a read made again is refused at the tail). The first read is made
-        // again once rather than guessing where the reader stands.
+        // An owner refuses a read that does not wait at the tail (416) rather than
+        // answer nothing, but one of an earlier version answered an empty batch when it
+        // found its stream handed on (a read made again goes to the new owner) or
+        // everything from the start trimmed meanwhile (a read made again is refused at
+        // the tail). The first read is made again once rather than guessing where the
+        // reader stands.
         let mut empty_answers = 0;
         loop {
             match reader.remote.read(&reader.at, first).await {
