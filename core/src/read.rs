@@ -155,11 +155,20 @@ impl StreamReader {
         self.tail_if_reached().is_some()
     }
 
-    /// The tail, if the reader has reached it. A refusal (416) names this tail: the one
-    /// it was decided against, read once, since appends may move the tail any moment.
+    /// The tail, if the reader has reached it: read once, so that what is decided and
+    /// what is told agree however appends move the tail meanwhile.
     pub fn tail_if_reached(&self) -> Option<StreamPosition> {
         let tail = self.tail();
         (self.position() >= tail.seq_num).then_some(tail)
+    }
+
+    /// The refusal (416) of a read that does not wait, once the reader is at the tail,
+    /// naming the tail it was decided against.
+    pub fn refuse_at_tail(&self) -> Result<()> {
+        match self.tail_if_reached() {
+            Some(tail) => Err(Error::RangeNotSatisfiable { tail }),
+            None => Ok(()),
+        }
     }
 
     /// The next durable records within `limits` (count and bytes should be set), and
@@ -187,9 +196,7 @@ impl StreamReader {
     pub async fn read_one_batch(&mut self, request: &ReadRequest) -> Result<ReadBatch> {
         let wait = request.wait.min(MAX_UNARY_WAIT);
         if wait.is_zero() {
-            if let Some(tail) = self.tail_if_reached() {
-                return Err(Error::RangeNotSatisfiable { tail });
-            }
+            self.refuse_at_tail()?;
         }
         let limits = request.limits.for_one_batch();
         if limits.count == Some(0) || limits.bytes == Some(0) {
@@ -212,10 +219,7 @@ impl StreamReader {
                     // A read that does not wait answers records or 416, as at its
                     // start: the records it was to return were trimmed away under it
                     // (refused from where they ended), or others came just now (read).
-                    match self.tail_if_reached() {
-                        Some(tail) => return Err(Error::RangeNotSatisfiable { tail }),
-                        None => continue,
-                    }
+                    self.refuse_at_tail()?;
                 }
                 Err(err) => return Err(err),
             }

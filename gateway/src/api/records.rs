@@ -205,9 +205,7 @@ pub async fn read(
         .await?;
     let exhausted = bounds.count == Some(0) || bounds.bytes == Some(0);
     if !exhausted && !bounds.waits() {
-        if let Some(tail) = reader.tail_if_reached() {
-            return Err(streamgate_core::Error::RangeNotSatisfiable { tail }.into());
-        }
+        reader.refuse_at_tail()?;
     }
     Ok(if s2s {
         let encoder = S2sEncoder {
