@@ -7,7 +7,13 @@
 #   compat/bench/resp-bench.sh [requests] [pipeline]     (needs redis-server, redis-benchmark)
 #
 # Prints one table row per (connections, pipeline) with the ratio streamgate / durable
-# Redis. Exits non-zero, saying why, when a server does not start or a run prints no rate.
+# Redis, and how streamgate grouped the XADDs: per WAL chunk, and each chunk's mean put
+# (from its metrics endpoint). Exits non-zero, saying why, when a server does not start
+# or a run prints no rate.
+#
+# CONNECTIONS="1 8" picks the connection counts; RUN_TIMEOUT_SECS bounds each run (600);
+# WARM=N first sends N XADDs from 50 connections to each server (default 0): a fresh
+# streamgate creates a file per chunk until its first compactions leave files to reuse.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 requests="${1:-200000}"
@@ -23,7 +29,7 @@ cargo build --release --quiet --bin streamgate
 
 token="resp-bench-root-token-$RANDOM$RANDOM"
 target/release/streamgate --data-dir "$work/data" --listen 127.0.0.1:18090 --resp-listen 127.0.0.1:16390 \
-  --root-token "$token" --log warn >/dev/null &
+  --metrics-listen 127.0.0.1:19464 --root-token "$token" --log warn >/dev/null &
 mkdir "$work/durable" "$work/memory"
 redis-server --port 16391 --dir "$work/durable" --appendonly yes --appendfsync always --save '' \
   --daemonize no >"$work/durable.log" 2>&1 &
@@ -64,21 +70,46 @@ run() {
   echo "$rate $p50"
 }
 
+# The WAL's chunk writes so far: "<count> <seconds>", from streamgate's metrics.
+wal_writes() {
+  curl -sf http://127.0.0.1:19464/metrics | awk '
+    /^streamgate_wal_flush_duration_seconds_count/ {count = $2}
+    /^streamgate_wal_flush_duration_seconds_sum/ {sum = $2}
+    END {if (count == "") exit 1; print count, sum}' ||
+    { echo "resp-bench: streamgate's metrics endpoint gave no WAL flush counts" >&2; exit 1; }
+}
+
+warm="${WARM:-0}"
+if [ "$warm" -gt 0 ]; then
+  echo "resp-bench: warming each server with $warm XADDs from 50 connections" >&2
+  for server in "-p 16390 --user resp-bench -a $token" "-p 16391" "-p 16392"; do
+    # shellcheck disable=SC2086 # the server's options are words
+    timeout "${RUN_TIMEOUT_SECS:-600}" redis-benchmark $server -c 50 -n "$warm" XADD warm '*' \
+      field value-of-sixteen-b >/dev/null 2>&1 || { echo "resp-bench: the warm-up failed ($server)" >&2; exit 1; }
+  done
+fi
+
 # The table is printed once every row is measured (each row as it comes to stderr), so a
 # run that fails prints no half table.
 rows=""
 for depth in 1 "$pipeline"; do
   for clients in $connections; do
     # Plain assignments, so that a run that fails stops the script (`set -e`).
+    writes_before="$(wal_writes)"
     sg_run="$(run streamgate "$clients" "$depth" "bench-$clients-$depth" -p 16390 --user resp-bench -a "$token")"
+    writes_after="$(wal_writes)"
+    grouping="$(awk -v n="$requests" -v before="$writes_before" -v after="$writes_after" 'BEGIN {
+      split(before, b, " "); split(after, a, " "); chunks = a[1] - b[1]
+      if (chunks <= 0) {print "no chunk written"; exit}
+      printf "%.1f, %.0f µs", n / chunks, (a[2] - b[2]) / chunks * 1e6 }')"
     dur_run="$(run "durable Redis" "$clients" "$depth" "bench-$clients-$depth" -p 16391)"
     mem_run="$(run "in-memory Redis" "$clients" "$depth" "bench-$clients-$depth" -p 16392)"
     read -r sg sg50 <<<"$sg_run"
     read -r dur dur50 <<<"$dur_run"
     read -r mem _ <<<"$mem_run"
     ratio="$(awk -v a="$sg" -v b="$dur" 'BEGIN {printf "%.2f×", a / b}')"
-    row="$(printf '| %s | %s | %.0f/s, p50 %s ms | %.0f/s, p50 %s ms | %s | %.0f/s |' \
-      "$clients" "$depth" "$sg" "$sg50" "$dur" "$dur50" "$ratio" "$mem")"
+    row="$(printf '| %s | %s | %.0f/s, p50 %s ms | %s | %.0f/s, p50 %s ms | %s | %.0f/s |' \
+      "$clients" "$depth" "$sg" "$sg50" "$grouping" "$dur" "$dur50" "$ratio" "$mem")"
     echo "resp-bench: measured $row" >&2
     rows+="$row"$'\n'
   done
@@ -86,6 +117,6 @@ done
 
 echo "$requests XADDs per run; rates in XADD/s, p50 in ms"
 echo
-echo "| connections | pipeline | streamgate (durable) | Redis, appendfsync always | ratio | Redis, in memory |"
-echo "| --- | --- | --- | --- | --- | --- |"
+echo "| connections | pipeline | streamgate (durable) | XADDs per chunk, mean put | Redis, appendfsync always | ratio | Redis, in memory |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
 printf '%s' "$rows"
