@@ -454,6 +454,55 @@ async fn sessions_on_a_missing_stream_fail_before_they_start() {
     }
 }
 
+/// The log's chunk writes so far (`streamgate_wal_flushes_total`; shown from the first).
+async fn wal_writes(server: &Server) -> u64 {
+    let metrics = server.scrape_metrics().await;
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("streamgate_wal_flushes_total "))
+        .map_or(0, |value| value.trim().parse::<f64>().unwrap() as u64)
+}
+
+/// Each pipeline a long-lived connection sends in one write is one append. Parsed
+/// commands keep the front of the connection's input buffer alive; a read that got only
+/// the room left behind them split a pipeline into two appends.
+#[tokio::test]
+async fn every_pipeline_of_a_long_lived_connection_is_one_append() {
+    const ROUNDS: usize = 40;
+    const PIPELINE: usize = 100;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), &["--metrics-listen", "127.0.0.1:0"]);
+    setup(&server.endpoint, "long-lived").await;
+    let mut connection = resp::Connection::open(server.resp_port, Some(BASIN))
+        .await
+        .expect("AUTH succeeds");
+    let before = wal_writes(&server).await;
+    for round in 0..ROUNDS {
+        // About 5 KiB, sent in one write once the previous pipeline is answered (so
+        // durable): the log is idle when it comes, and one append is one chunk.
+        let pipeline: Vec<Vec<String>> = (0..PIPELINE)
+            .map(|i| {
+                let body = format!("round-{round}-entry-{i}");
+                ["XADD", "long-lived", "*", "field", body.as_str()]
+                    .map(String::from)
+                    .to_vec()
+            })
+            .collect();
+        connection.send_pipelined(&pipeline).await.unwrap();
+        for _ in 0..PIPELINE {
+            match connection.reply().await.unwrap() {
+                Reply::Bulk(Some(_)) => {}
+                other => panic!("XADD answered {other:?}"),
+            }
+        }
+    }
+    let writes = wal_writes(&server).await - before;
+    assert_eq!(
+        writes, ROUNDS as u64,
+        "{ROUNDS} pipelines, each answered before the next was sent, took {writes} chunk writes"
+    );
+}
+
 /// Pipelined `XADD`s to one stream that arrive together are gathered into one append:
 /// their IDs are consecutive and share one timestamp, while another connection
 /// pipelines to the same stream at the same moment. (As separate appends, the two
