@@ -27,10 +27,10 @@ use streamgate_core::groups::Durable;
 /// Bytes read ahead while a command runs (a client pipelining behind a blocked XREAD):
 /// past this the connection stops reading until the command is done.
 const MAX_BUFFERED_INPUT: usize = crate::request::MAX_REQUEST_BYTES + 64 * 1024;
-/// Room made in the input buffer before each read. Parsed commands keep parts of the
-/// buffer alive, so its front is not reused, and a read gets only the room left at its
+/// The least room a read gets in the input buffer. Parsed commands keep parts of the
+/// buffer alive, so its front is not reused, and a read got only the room left at its
 /// end: a pipeline read in several small pieces became several appends.
-const READ_ROOM: usize = 16 * 1024;
+const MIN_READ_ROOM: usize = 8 * 1024;
 /// Encoded replies held before they are written out.
 const MAX_BUFFERED_OUTPUT: usize = 64 * 1024;
 /// Replies a pipelining client may have outstanding before the connection stops reading
@@ -131,7 +131,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                     let execution = cmd::execute(&mut session, command, &mut shutdown, sent);
                     tokio::pin!(execution);
                     let outcome = loop {
-                        input.reserve(READ_ROOM);
+                        make_read_room(&mut input);
                         tokio::select! {
                             outcome = &mut execution => break outcome,
                             read = stream.read_buf(&mut input), if input.len() < MAX_BUFFERED_INPUT => {
@@ -180,7 +180,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
             (false, _) => Some(tokio::time::Instant::now()),
         };
         let arrival_deadline = partial_since.map(|since| since + ARRIVAL_TIMEOUT);
-        input.reserve(READ_ROOM);
+        make_read_room(&mut input);
         tokio::select! {
             Some((replies, close)) = pending.next(), if !pending.is_empty() => {
                 for reply in &replies {
@@ -214,6 +214,15 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
                 return Ok(());
             }
         }
+    }
+}
+
+/// Makes room for the next read once less than [`MIN_READ_ROOM`] is left: twice that, in
+/// a new buffer if the old one is still held. Only then, so that a new buffer is taken
+/// once per several KiB read rather than once per command.
+fn make_read_room(input: &mut BytesMut) {
+    if input.capacity() - input.len() < MIN_READ_ROOM {
+        input.reserve(2 * MIN_READ_ROOM);
     }
 }
 
