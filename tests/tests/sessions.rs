@@ -454,6 +454,30 @@ async fn sessions_on_a_missing_stream_fail_before_they_start() {
     }
 }
 
+/// Sends one `XADD key * field <body>` per body in one write (a few KiB, which the
+/// server reads at once), and returns the IDs of the replies as (milliseconds, sequence).
+async fn xadd_pipelined(
+    connection: &mut resp::Connection,
+    key: &str,
+    bodies: Vec<String>,
+) -> Vec<(u64, u64)> {
+    let pipeline: Vec<Vec<String>> = bodies
+        .iter()
+        .map(|body| ["XADD", key, "*", "field", body].map(String::from).to_vec())
+        .collect();
+    connection.send_pipelined(&pipeline).await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..pipeline.len() {
+        let id = match connection.reply().await.unwrap() {
+            Reply::Bulk(Some(id)) => String::from_utf8(id).unwrap(),
+            other => panic!("XADD answered {other:?}"),
+        };
+        let (timestamp, seq) = id.split_once('-').unwrap();
+        ids.push((timestamp.parse().unwrap(), seq.parse().unwrap()));
+    }
+    ids
+}
+
 /// The log's chunk writes so far (`streamgate_wal_flushes_total`; shown from the first).
 async fn wal_writes(server: &Server) -> u64 {
     let metrics = server.scrape_metrics().await;
@@ -478,23 +502,10 @@ async fn every_pipeline_of_a_long_lived_connection_is_one_append() {
         .expect("AUTH succeeds");
     let before = wal_writes(&server).await;
     for round in 0..ROUNDS {
-        // About 5 KiB, sent in one write once the previous pipeline is answered (so
+        // About 7 KiB, sent in one write once the previous pipeline is answered (so
         // durable): the log is idle when it comes, and one append is one chunk.
-        let pipeline: Vec<Vec<String>> = (0..PIPELINE)
-            .map(|i| {
-                let body = format!("round-{round}-entry-{i}");
-                ["XADD", "long-lived", "*", "field", body.as_str()]
-                    .map(String::from)
-                    .to_vec()
-            })
-            .collect();
-        connection.send_pipelined(&pipeline).await.unwrap();
-        for _ in 0..PIPELINE {
-            match connection.reply().await.unwrap() {
-                Reply::Bulk(Some(_)) => {}
-                other => panic!("XADD answered {other:?}"),
-            }
-        }
+        let bodies = (0..PIPELINE).map(|i| format!("round-{round}-entry-{i}"));
+        xadd_pipelined(&mut connection, "long-lived", bodies.collect()).await;
     }
     let writes = wal_writes(&server).await - before;
     assert_eq!(
@@ -518,34 +529,14 @@ async fn pipelined_xadds_that_arrive_together_are_one_append() {
         let pipelines: Vec<_> = (0..2)
             .map(|connection| {
                 let (together, port) = (together.clone(), server.resp_port);
-                // Sent in one write of a few KiB, which the server reads at once.
-                let pipeline: Vec<Vec<String>> = (0..PIPELINE)
-                    .map(|i| {
-                        let body = format!("{round}-{connection}-{i}");
-                        ["XADD", "piped", "*", "b", body.as_str()]
-                            .map(String::from)
-                            .to_vec()
-                    })
-                    .collect();
+                let bodies = (0..PIPELINE).map(|i| format!("{round}-{connection}-{i}"));
+                let bodies: Vec<String> = bodies.collect();
                 tokio::spawn(async move {
                     let mut connection = resp::Connection::open(port, Some(BASIN))
                         .await
                         .expect("AUTH succeeds");
                     together.wait().await;
-                    connection.send_pipelined(&pipeline).await.unwrap();
-                    let mut ids = Vec::new();
-                    for _ in 0..PIPELINE {
-                        let id = match connection.reply().await.unwrap() {
-                            Reply::Bulk(Some(id)) => String::from_utf8(id).unwrap(),
-                            other => panic!("XADD answered {other:?}"),
-                        };
-                        let (timestamp, seq) = id.split_once('-').unwrap();
-                        ids.push((
-                            timestamp.parse::<u64>().unwrap(),
-                            seq.parse::<u64>().unwrap(),
-                        ));
-                    }
-                    ids
+                    xadd_pipelined(&mut connection, "piped", bodies).await
                 })
             })
             .collect();
