@@ -196,15 +196,19 @@ async fn timed<T>(
 ) -> Result<T> {
     let started = Instant::now();
     let outcome = call.await;
+    object_store_request(operation, outcome.is_ok(), started.elapsed());
+    outcome
+}
+
+fn object_store_request(operation: &'static str, ok: bool, took: Duration) {
     counter!(
         "streamgate_object_store_requests_total",
         "operation" => operation,
-        "outcome" => self::outcome(outcome.is_ok())
+        "outcome" => self::outcome(ok)
     )
     .increment(1);
     histogram!("streamgate_object_store_request_duration_seconds", "operation" => operation)
-        .record(started.elapsed().as_secs_f64());
-    outcome
+        .record(took.as_secs_f64());
 }
 
 #[async_trait]
@@ -235,6 +239,13 @@ impl ObjectStore for InstrumentedObjects {
 
     fn describe(&self) -> String {
         self.store.describe()
+    }
+
+    fn put_prepared_blocking(&self, key: &str, data: &[u8]) -> Option<Result<()>> {
+        let started = Instant::now();
+        let outcome = self.store.put_prepared_blocking(key, data)?;
+        object_store_request("put", outcome.is_ok(), started.elapsed());
+        Some(outcome)
     }
 
     async fn prepare(&self, keys: &[String]) -> Result<()> {

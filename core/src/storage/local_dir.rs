@@ -529,6 +529,15 @@ impl ObjectStore for LocalDirObjectStore {
         format!("local directory {}", self.root.display())
     }
 
+    fn put_prepared_blocking(&self, key: &str, data: &[u8]) -> Option<Result<()>> {
+        let path = self.path_of(key).ok()?;
+        // Should another put take the mark first, this one takes the general path.
+        if !self.prepared.lock().contains(&path) {
+            return None;
+        }
+        Some(self.put_blocking(key, &path, data))
+    }
+
     async fn prepare(&self, keys: &[String]) -> Result<()> {
         let paths = keys
             .iter()
@@ -1055,6 +1064,33 @@ mod tests {
         assert_eq!(
             store.get("wal/9/1").await.unwrap(),
             Some(Bytes::from_static(b"late"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_blocking_put_writes_only_prepared_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirObjectStore::open(dir.path()).unwrap();
+        // Not prepared (or not a key at all): nothing done, the caller puts the usual way.
+        assert!(store.put_prepared_blocking("wal/5/0", b"data").is_none());
+        assert!(store.put_prepared_blocking("../x", b"data").is_none());
+        assert!(!dir.path().join("wal/5/0").exists());
+
+        store.prepare(&["wal/5/0".into()]).await.unwrap();
+        let put = store.put_prepared_blocking("wal/5/0", b"data");
+        assert!(matches!(put, Some(Ok(()))), "{put:?}");
+        assert!(!store.prepared.lock().contains(&dir.path().join("wal/5/0")));
+        assert_eq!(
+            store.get("wal/5/0").await.unwrap(),
+            Some(Bytes::from_static(b"data"))
+        );
+        // The mark is spent: a second put of the key goes the usual way.
+        assert!(store.put_prepared_blocking("wal/5/0", b"again").is_none());
+        drop(store);
+        let reopened = LocalDirObjectStore::open(dir.path()).unwrap();
+        assert_eq!(
+            reopened.get("wal/5/0").await.unwrap(),
+            Some(Bytes::from_static(b"data"))
         );
     }
 

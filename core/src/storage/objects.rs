@@ -39,6 +39,15 @@ pub trait ObjectStore: Send + Sync + 'static {
     async fn prepare(&self, _keys: &[String]) -> Result<()> {
         Ok(())
     }
+    /// Puts a prepared key's object on the calling thread, where that is one short
+    /// blocking write (the local directory: a write and an `fdatasync` into the file
+    /// `prepare` made), with the guarantees of `put`. `None`, having done nothing, where
+    /// the store has no such put or `key` is not prepared: the caller uses `put`. The WAL
+    /// writer puts its small chunks this way when nothing else is being written, so that
+    /// an append waits for the disk alone, not for hand-offs between threads as well.
+    fn put_prepared_blocking(&self, _key: &str, _data: &[u8]) -> Option<Result<()>> {
+        None
+    }
 }
 
 /// The behaviour every `ObjectStore` must show; each backend's tests call this.
