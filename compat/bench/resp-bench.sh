@@ -7,9 +7,9 @@
 #   compat/bench/resp-bench.sh [requests] [pipeline]     (needs redis-server, redis-benchmark)
 #
 # Prints one table row per (connections, pipeline) with the ratio streamgate / durable
-# Redis, and how streamgate grouped the XADDs: per WAL chunk, and each chunk's mean put
-# (from its metrics endpoint). Exits non-zero, saying why, when a server does not start
-# or a run prints no rate.
+# Redis, how streamgate grouped the XADDs (per WAL chunk, and each chunk's mean put, from
+# its metrics endpoint), and the CPU time each server spent per XADD (from /proc).
+# Exits non-zero, saying why, when a server does not start or a run prints no rate.
 #
 # CONNECTIONS="1 8" picks the connection counts; RUN_TIMEOUT_SECS bounds each run (600);
 # WARM=N first sends N XADDs from 50 connections to each server (default 0): a fresh
@@ -30,9 +30,11 @@ cargo build --release --quiet --bin streamgate
 token="resp-bench-root-token-$RANDOM$RANDOM"
 target/release/streamgate --data-dir "$work/data" --listen 127.0.0.1:18090 --resp-listen 127.0.0.1:16390 \
   --metrics-listen 127.0.0.1:19464 --root-token "$token" --log warn >/dev/null &
+sg_pid=$!
 mkdir "$work/durable" "$work/memory"
 redis-server --port 16391 --dir "$work/durable" --appendonly yes --appendfsync always --save '' \
   --daemonize no >"$work/durable.log" 2>&1 &
+durable_pid=$!
 redis-server --port 16392 --dir "$work/memory" --appendonly no --save '' --daemonize no >"$work/memory.log" 2>&1 &
 for _ in $(seq 1 50); do
   if curl -sf -o /dev/null http://127.0.0.1:18090/health && redis-cli -p 16391 ping >/dev/null 2>&1 &&
@@ -79,6 +81,18 @@ wal_writes() {
     { echo "resp-bench: streamgate's metrics endpoint gave no WAL flush counts" >&2; exit 1; }
 }
 
+# A process's CPU time so far (user and system), in clock ticks.
+ticks_per_second="$(getconf CLK_TCK)"
+cpu_ticks() {
+  awk '{print $14 + $15}' "/proc/$1/stat" ||
+    { echo "resp-bench: cannot read the CPU time of process $1" >&2; exit 1; }
+}
+# µs of CPU per XADD between two readings of cpu_ticks.
+cpu_per_xadd() {
+  awk -v before="$1" -v after="$2" -v n="$requests" -v hz="$ticks_per_second" \
+    'BEGIN {printf "%.0f", (after - before) / hz * 1e6 / n}'
+}
+
 warm="${WARM:-0}"
 if [ "$warm" -gt 0 ]; then
   echo "resp-bench: warming each server with $warm XADDs from 50 connections" >&2
@@ -96,20 +110,24 @@ for depth in 1 "$pipeline"; do
   for clients in $connections; do
     # Plain assignments, so that a run that fails stops the script (`set -e`).
     writes_before="$(wal_writes)"
+    cpu_before="$(cpu_ticks "$sg_pid")"
     sg_run="$(run streamgate "$clients" "$depth" "bench-$clients-$depth" -p 16390 --user resp-bench -a "$token")"
+    sg_cpu="$(cpu_per_xadd "$cpu_before" "$(cpu_ticks "$sg_pid")")"
     writes_after="$(wal_writes)"
     grouping="$(awk -v n="$requests" -v before="$writes_before" -v after="$writes_after" 'BEGIN {
       split(before, b, " "); split(after, a, " "); chunks = a[1] - b[1]
       if (chunks <= 0) {print "no chunk written"; exit}
       printf "%.1f, %.0f µs", n / chunks, (a[2] - b[2]) / chunks * 1e6 }')"
+    cpu_before="$(cpu_ticks "$durable_pid")"
     dur_run="$(run "durable Redis" "$clients" "$depth" "bench-$clients-$depth" -p 16391)"
+    dur_cpu="$(cpu_per_xadd "$cpu_before" "$(cpu_ticks "$durable_pid")")"
     mem_run="$(run "in-memory Redis" "$clients" "$depth" "bench-$clients-$depth" -p 16392)"
     read -r sg sg50 <<<"$sg_run"
     read -r dur dur50 <<<"$dur_run"
     read -r mem _ <<<"$mem_run"
     ratio="$(awk -v a="$sg" -v b="$dur" 'BEGIN {printf "%.2f×", a / b}')"
-    row="$(printf '| %s | %s | %.0f/s, p50 %s ms | %s | %.0f/s, p50 %s ms | %s | %.0f/s |' \
-      "$clients" "$depth" "$sg" "$sg50" "$grouping" "$dur" "$dur50" "$ratio" "$mem")"
+    row="$(printf '| %s | %s | %.0f/s, p50 %s ms | %s | %.0f/s, p50 %s ms | %s | %s / %s µs | %.0f/s |' \
+      "$clients" "$depth" "$sg" "$sg50" "$grouping" "$dur" "$dur50" "$ratio" "$sg_cpu" "$dur_cpu" "$mem")"
     echo "resp-bench: measured $row" >&2
     rows+="$row"$'\n'
   done
@@ -117,6 +135,6 @@ done
 
 echo "$requests XADDs per run; rates in XADD/s, p50 in ms"
 echo
-echo "| connections | pipeline | streamgate (durable) | XADDs per chunk, mean put | Redis, appendfsync always | ratio | Redis, in memory |"
-echo "| --- | --- | --- | --- | --- | --- | --- |"
+echo "| connections | pipeline | streamgate (durable) | XADDs per chunk, mean put | Redis, appendfsync always | ratio | server CPU per XADD (streamgate / Redis) | Redis, in memory |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 printf '%s' "$rows"
