@@ -282,7 +282,7 @@ impl WalWriter {
     /// queue for the next chunk, as they would behind a chunk in flight. What it saves
     /// is the hand-off to a thread of the blocking pool and back, and the wake-ups of
     /// the runtime's threads around them: one client sending one XADD at a time got
-    /// 14-20% more XADDs a second (BENCHMARKS.md). The cost is one runtime thread
+    /// about 20% more XADDs a second (BENCHMARKS.md). The cost is one runtime thread
     /// blocked for a put's length (one at a time: nothing else is in flight), which is
     /// why it is done only where the runtime has another thread; should the disk stall,
     /// the others go on serving what needs no write.
