@@ -229,9 +229,16 @@ impl WalWriter {
                     // a moment, so that they start one chunk together.
                     tokio::task::yield_now().await;
                 }
-                // Whatever queued meanwhile shares the chunk: appends pile up in the
-                // channel while a chunk is put on this task's thread.
-                while pending_bytes < self.settings.max_chunk_bytes {
+                // Whatever queued meanwhile shares the chunk (appends pile up in the
+                // channel while a chunk is put on this task's thread), up to the size
+                // at which a chunk goes out alongside others anyway: larger appends
+                // keep their chunks of their own, written in parallel.
+                let gather_until = if only_group_ops {
+                    self.settings.max_chunk_bytes
+                } else {
+                    self.settings.parallel_min_bytes
+                };
+                while pending_bytes < gather_until {
                     let Ok(append) = rx.try_recv() else { break };
                     pending_bytes += append_bytes(&append);
                     pending.push(append);
