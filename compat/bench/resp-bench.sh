@@ -72,13 +72,22 @@ run() {
   echo "$rate $p50"
 }
 
-# The WAL's chunk writes so far: "<count> <seconds>", from streamgate's metrics.
+# The WAL's chunk writes so far: "<count> <seconds>", from streamgate's metrics. The
+# histogram appears with the first chunk written: before any (no warm-up), `before`
+# reads "0 0"; after a run it must be there.
 wal_writes() {
-  curl -sf http://127.0.0.1:19464/metrics | awk '
+  local when=$1 metrics
+  metrics="$(curl -sf http://127.0.0.1:19464/metrics)" ||
+    { echo "resp-bench: streamgate's metrics endpoint did not answer" >&2; exit 1; }
+  echo "$metrics" | awk -v when="$when" '
     /^streamgate_wal_flush_duration_seconds_count/ {count = $2}
     /^streamgate_wal_flush_duration_seconds_sum/ {sum = $2}
-    END {if (count == "") exit 1; print count, sum}' ||
-    { echo "resp-bench: streamgate's metrics endpoint gave no WAL flush counts" >&2; exit 1; }
+    END {
+      if (count == "" && when == "before") {count = 0; sum = 0}
+      if (count == "") exit 1
+      print count, sum
+    }' ||
+    { echo "resp-bench: streamgate's metrics gave no WAL flush counts after a run" >&2; exit 1; }
 }
 
 # A process's CPU time so far (user and system), in clock ticks.
@@ -109,18 +118,20 @@ rows=""
 for depth in 1 "$pipeline"; do
   for clients in $connections; do
     # Plain assignments, so that a run that fails stops the script (`set -e`).
-    writes_before="$(wal_writes)"
+    writes_before="$(wal_writes before)"
     cpu_before="$(cpu_ticks "$sg_pid")"
     sg_run="$(run streamgate "$clients" "$depth" "bench-$clients-$depth" -p 16390 --user resp-bench -a "$token")"
-    sg_cpu="$(cpu_per_xadd "$cpu_before" "$(cpu_ticks "$sg_pid")")"
-    writes_after="$(wal_writes)"
+    cpu_after="$(cpu_ticks "$sg_pid")"
+    sg_cpu="$(cpu_per_xadd "$cpu_before" "$cpu_after")"
+    writes_after="$(wal_writes after)"
     grouping="$(awk -v n="$requests" -v before="$writes_before" -v after="$writes_after" 'BEGIN {
       split(before, b, " "); split(after, a, " "); chunks = a[1] - b[1]
       if (chunks <= 0) {print "no chunk written"; exit}
       printf "%.1f, %.0f µs", n / chunks, (a[2] - b[2]) / chunks * 1e6 }')"
     cpu_before="$(cpu_ticks "$durable_pid")"
     dur_run="$(run "durable Redis" "$clients" "$depth" "bench-$clients-$depth" -p 16391)"
-    dur_cpu="$(cpu_per_xadd "$cpu_before" "$(cpu_ticks "$durable_pid")")"
+    cpu_after="$(cpu_ticks "$durable_pid")"
+    dur_cpu="$(cpu_per_xadd "$cpu_before" "$cpu_after")"
     mem_run="$(run "in-memory Redis" "$clients" "$depth" "bench-$clients-$depth" -p 16392)"
     read -r sg sg50 <<<"$sg_run"
     read -r dur dur50 <<<"$dur_run"

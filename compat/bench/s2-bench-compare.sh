@@ -5,7 +5,8 @@
 # 15 s followed by the catch-up read of those ~1.5 GB (the history-read comparison).
 # Both servers acknowledge only durable writes. Also measures the disk's sequential
 # read bandwidth with O_DIRECT (`dd iflag=direct bs=8M`) in the same run, and prints
-# the catch-up rows side by side: streamgate / s2-lite, and streamgate / the disk.
+# the catch-up rows side by side: streamgate / s2-lite, and streamgate / the disk, with
+# each server's and the client's CPU during that catch-up.
 #
 #   compat/bench/s2-bench-compare.sh [seconds]      (needs the s2 CLI and a release build)
 #
@@ -24,6 +25,28 @@ cargo build --release --quiet --bin streamgate
 # name port: every run against one server; its catch-up rate at 100 MiB/s goes to
 # $work/<name>.catchup
 token="s2-bench-root-token-$RANDOM$RANDOM"
+# A process's CPU time so far (user and system) in clock ticks; empty once it has ended.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || true; }
+# The server's and the client's CPU over the catch-up (its last seconds, as `s2 bench`
+# timed it), from the samples of the run that just ended.
+catchup_cpu() {
+  local secs
+  secs=$(grep -oE "^Catchup: .* in [0-9.]+s" "$work/out" | grep -oE "[0-9.]+s$" | tr -d s)
+  awk -v secs="$secs" -v hz="$(getconf CLK_TCK)" -v name="$1" '
+    NF == 3 {t[n] = $1; server[n] = $2; client[n] = $3; n++}
+    END {
+      if (n < 2 || secs == "") {print "s2-bench-compare: no CPU samples of the catch-up on " name > "/dev/stderr"; exit 1}
+      last = n - 1
+      for (first = last; first > 0 && t[last] - t[first] < secs; first--) {}
+      took = t[last] - t[first]
+      if (took <= 0) {print "s2-bench-compare: the catch-up was too short to sample on " name > "/dev/stderr"; exit 1}
+      printf "CPU during the catch-up (last %.1f s): %s %.0f%% of a core, s2 client %.0f%%\n",
+        took, name, 100 * (server[last] - server[first]) / hz / took,
+        100 * (client[last] - client[first]) / hz / took
+    }' "$work/cpu" | tee "$work/$1.cpu"
+  [ -s "$work/$1.cpu" ] || fail "no CPU figures for the catch-up on $1"
+}
+
 run_bench() {
   local name=$1 port=$2
   export S2_ACCOUNT_ENDPOINT="http://127.0.0.1:$port" S2_BASIN_ENDPOINT="http://127.0.0.1:$port"
@@ -33,12 +56,21 @@ run_bench() {
     set -- $run
     echo "### $name, target $1 MiB/s, $2-byte records, ${3}s"
     "$s2" bench "bench-$name" --duration "${3}s" --target-mibps "$1" --record-size "$2" \
-      --catchup-delay 0s >"$work/out" 2>&1 || { cat "$work/out" >&2; fail "s2 bench failed on $name"; }
+      --catchup-delay 0s >"$work/out" 2>&1 &
+    local bench=$!
+    # Both processes' CPU time (clock ticks), every 0.1 s, for the catch-up's share below.
+    : >"$work/cpu"
+    while kill -0 "$bench" 2>/dev/null; do
+      echo "$(date +%s.%N) $(cpu_ticks "$server_pid") $(cpu_ticks "$bench")" >>"$work/cpu"
+      sleep 0.1
+    done
+    wait "$bench" || { cat "$work/out" >&2; fail "s2 bench failed on $name"; }
     grep -E "^(Write|Read|Catchup)|min |p50|p90|p99|max |Statistics" "$work/out" \
       || fail "s2 bench printed no numbers on $name"
     if [ "$1" = 100 ]; then
       grep -oE "^Catchup: [0-9.]+" "$work/out" | awk '{print $2}' >"$work/$name.catchup"
       [ -s "$work/$name.catchup" ] || fail "no catch-up rate on $name"
+      catchup_cpu "$name"
     fi
   done
 }
@@ -46,6 +78,7 @@ run_bench() {
 target/release/streamgate --data-dir "$work/streamgate" --listen 127.0.0.1:18080 --resp-listen off \
   --root-token "$token" --log warn >/dev/null &
 server=$!
+server_pid=$server
 sleep 2
 kill -0 $server 2>/dev/null || fail "streamgate did not start"
 run_bench streamgate 18080
@@ -54,6 +87,7 @@ rm -rf "$work/streamgate"
 
 "$s2" lite --local-root "$work/lite" --port 18081 >/dev/null 2>&1 &
 server=$!
+server_pid=$server
 sleep 3
 kill -0 $server 2>/dev/null || fail "s2 lite did not start"
 run_bench s2-lite 18081
@@ -76,3 +110,4 @@ echo "disk, O_DIRECT sequential read (dd bs=8M): $disk_mibps MiB/s"
 awk -v sg="$sg" -v lite="$lite" -v disk="$disk_mibps" 'BEGIN {
   printf "streamgate %.1f MiB/s, s2-lite %.1f MiB/s: %.2fx s2-lite, %.0f%% of the disk\n",
     sg, lite, sg / lite, 100 * sg / disk }'
+cat "$work/streamgate.cpu" "$work/s2-lite.cpu"

@@ -768,9 +768,11 @@ struct HeldWal {
     waiting: tokio::sync::watch::Sender<usize>,
     /// WAL puts made so far (through `put`).
     puts: std::sync::atomic::AtomicUsize,
-    /// WAL chunks the writer put on its own thread, and whether such puts fail.
+    /// WAL chunks the writer put on its own thread; whether such puts fail, and how
+    /// many failed.
     blocking_puts: std::sync::atomic::AtomicUsize,
     fail_blocking_puts: std::sync::atomic::AtomicBool,
+    failed_blocking_puts: std::sync::atomic::AtomicUsize,
     segment_gets: std::sync::atomic::AtomicUsize,
 }
 
@@ -783,6 +785,7 @@ impl HeldWal {
             puts: Default::default(),
             blocking_puts: Default::default(),
             fail_blocking_puts: Default::default(),
+            failed_blocking_puts: Default::default(),
             segment_gets: Default::default(),
         }
     }
@@ -868,6 +871,7 @@ impl ObjectStore for HeldWal {
             return None;
         }
         if self.fail_blocking_puts.load(SeqCst) {
+            self.failed_blocking_puts.fetch_add(1, SeqCst);
             return Some(Err(streamgate_core::Error::storage("a failing disk")));
         }
         let put = self.inner.put_prepared_blocking(key, data);
@@ -880,9 +884,8 @@ impl ObjectStore for HeldWal {
 
 /// On a local disk, a small chunk written while no other is in flight is put on the WAL
 /// writer's own thread (no hand-off to another thread and back), where the runtime has
-/// more than one. Should that put fail,
-/// the chunk is written the usual way, retried until durable, and its appends are
-/// acknowledged all the same, in order and once.
+/// more than one. Should that put fail, the chunk is written the usual way, retried
+/// until durable, and its appends are acknowledged all the same, in order and once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_chunks_are_put_on_the_writers_thread_and_fall_back_when_that_fails() {
     use std::sync::atomic::Ordering::SeqCst;
@@ -925,6 +928,11 @@ async fn small_chunks_are_put_on_the_writers_thread_and_fall_back_when_that_fail
         bodies.push(body.to_owned());
     }
     assert_eq!(held.blocking_puts.load(SeqCst), blocking);
+    assert_eq!(
+        held.failed_blocking_puts.load(SeqCst),
+        2,
+        "each chunk was tried on the writer's thread first"
+    );
     assert_eq!(
         held.puts.load(SeqCst) - usual,
         2,
