@@ -14,6 +14,8 @@
 # CONNECTIONS="1 8" picks the connection counts; RUN_TIMEOUT_SECS bounds each run (600);
 # WARM=N first sends N XADDs from 50 connections to each server (default 0): a fresh
 # streamgate creates a file per chunk until its first compactions leave files to reuse.
+# Leave a minute or more after deleting a data directory of many files (an earlier run's):
+# on ext4 without a journal, creating files is slow while recently freed inodes abound.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 requests="${1:-200000}"
