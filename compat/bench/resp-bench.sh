@@ -12,8 +12,13 @@
 # Exits non-zero, saying why, when a server does not start or a run prints no rate.
 #
 # CONNECTIONS="1 8" picks the connection counts; RUN_TIMEOUT_SECS bounds each run (600);
-# WARM=N first sends N XADDs from 50 connections to each server (default 0): a fresh
-# streamgate creates a file per chunk until its first compactions leave files to reuse.
+# WARM=N first sends N XADDs to each server (default 0) from WARM_CONNECTIONS connections
+# (default 50), then waits SETTLE seconds (default 0). A fresh streamgate creates a file
+# per WAL chunk until its compactions recycle the files of compacted chunks (they are
+# deleted about two compaction intervals, 60 s by default, after they were written); a
+# server that has been running reuses them. For that steady state (one chunk per XADD
+# from one connection, so one file each):
+#   WARM=40000 WARM_CONNECTIONS=1 SETTLE=65 compat/bench/resp-bench.sh 20000 64
 # Leave a minute or more after deleting a data directory of many files (an earlier run's):
 # on ext4 without a journal, creating files is slow while recently freed inodes abound.
 set -euo pipefail
@@ -105,14 +110,24 @@ cpu_per_xadd() {
 }
 
 warm="${WARM:-0}"
+warm_connections="${WARM_CONNECTIONS:-50}"
+settle="${SETTLE:-0}"
 if [ "$warm" -gt 0 ]; then
-  echo "resp-bench: warming each server with $warm XADDs from 50 connections" >&2
+  echo "resp-bench: warming each server with $warm XADDs from $warm_connections connection(s)" >&2
   for server in "-p 16390 --user resp-bench -a $token" "-p 16391" "-p 16392"; do
     # shellcheck disable=SC2086 # the server's options are words
-    timeout "${RUN_TIMEOUT_SECS:-600}" redis-benchmark $server -c 50 -n "$warm" XADD warm '*' \
-      field value-of-sixteen-b >/dev/null 2>&1 || { echo "resp-bench: the warm-up failed ($server)" >&2; exit 1; }
+    timeout "${RUN_TIMEOUT_SECS:-600}" redis-benchmark $server -c "$warm_connections" -n "$warm" \
+      XADD warm '*' field value-of-sixteen-b >/dev/null 2>&1 ||
+      { echo "resp-bench: the warm-up failed ($server)" >&2; exit 1; }
   done
 fi
+if [ "$settle" -gt 0 ]; then
+  echo "resp-bench: waiting $settle s for streamgate to compact the warm-up and recycle its files" >&2
+  sleep "$settle"
+fi
+# Files kept for reuse by the local store (its `.recycled` folder): what the rows start with.
+recycled="$(find "$work/data/objects/.recycled" -type f 2>/dev/null | wc -l)"
+echo "resp-bench: streamgate starts the rows with $recycled recycled files" >&2
 
 # The table is printed once every row is measured (each row as it comes to stderr), so a
 # run that fails prints no half table.
@@ -146,7 +161,7 @@ for depth in 1 "$pipeline"; do
   done
 done
 
-echo "$requests XADDs per run; rates in XADD/s, p50 in ms"
+echo "$requests XADDs per run; rates in XADD/s, p50 in ms; streamgate started the rows with $recycled recycled files"
 echo
 echo "| connections | pipeline | streamgate (durable) | XADDs per chunk, mean put | Redis, appendfsync always | ratio | server CPU per XADD (streamgate / Redis) | Redis, in memory |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
