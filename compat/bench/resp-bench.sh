@@ -126,7 +126,9 @@ if [ "$settle" -gt 0 ]; then
   sleep "$settle"
 fi
 # Files kept for reuse by the local store (its `.recycled` folder): what the rows start with.
-recycled="$(find "$work/data/objects/.recycled" -type f 2>/dev/null | wc -l)"
+spares="$work/data/objects/.recycled"
+[ -d "$spares" ] || { echo "resp-bench: streamgate's spare-file folder $spares is missing" >&2; exit 1; }
+recycled="$(find "$spares" -type f | wc -l)"
 echo "resp-bench: streamgate starts the rows with $recycled recycled files" >&2
 
 # The table is printed once every row is measured (each row as it comes to stderr), so a

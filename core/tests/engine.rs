@@ -773,6 +773,10 @@ struct HeldWal {
     blocking_puts: std::sync::atomic::AtomicUsize,
     fail_blocking_puts: std::sync::atomic::AtomicBool,
     failed_blocking_puts: std::sync::atomic::AtomicUsize,
+    /// Puts the writer began on its own thread, and whether they are held there (the
+    /// writer's thread blocked, as by a slow disk) until the test lets them go.
+    blocking_put_attempts: std::sync::atomic::AtomicUsize,
+    hold_blocking_puts: std::sync::atomic::AtomicBool,
     segment_gets: std::sync::atomic::AtomicUsize,
 }
 
@@ -786,6 +790,8 @@ impl HeldWal {
             blocking_puts: Default::default(),
             fail_blocking_puts: Default::default(),
             failed_blocking_puts: Default::default(),
+            blocking_put_attempts: Default::default(),
+            hold_blocking_puts: Default::default(),
             segment_gets: Default::default(),
         }
     }
@@ -869,6 +875,10 @@ impl ObjectStore for HeldWal {
         // Held puts are held in `put`: while they are, none goes this way.
         if !*self.open.borrow() {
             return None;
+        }
+        self.blocking_put_attempts.fetch_add(1, SeqCst);
+        while self.hold_blocking_puts.load(SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
         }
         if self.fail_blocking_puts.load(SeqCst) {
             self.failed_blocking_puts.fetch_add(1, SeqCst);
@@ -957,10 +967,6 @@ async fn small_chunks_are_put_on_the_writers_thread_and_fall_back_when_that_fail
     );
 }
 
-/// With the in-flight budget spent by appends whose chunks the store has not taken yet,
-/// a further append waits (the engine reports itself congested meanwhile) and is
-/// appended once the store takes them; one that finds no room for 10 s is refused
-/// retryably and never lands.
 /// On a local disk, small appends that arrive while a chunk is being written share the
 /// next chunk (one flush between them) instead of each starting a chunk of its own.
 #[tokio::test]
@@ -1003,6 +1009,69 @@ async fn small_appends_arriving_during_a_write_share_the_next_chunk() {
     );
 }
 
+/// Appends that queue while the writer's thread is busy putting a chunk go out together
+/// in the next chunk while they are small; appends of at least `parallel_min_bytes`
+/// (256 KiB by default) keep a chunk each, written alongside one another, rather than
+/// being gathered into one large chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_queued_behind_a_blocking_put_share_a_chunk_only_while_small() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, held) = HeldWal::open(dir.path(), EngineSettings::default()).await;
+    let s = setup(&engine, "gathering").await;
+    let large = "x".repeat(300 * 1024);
+    let mut tail = 0;
+    for (round, bodies, chunks) in [
+        ("small", vec!["s1", "s2", "s3"], 1),
+        ("large", vec![large.as_str(), large.as_str()], 2),
+    ] {
+        let writes_before = held.chunk_writes();
+        let attempts_before = held.blocking_put_attempts.load(SeqCst);
+        held.hold_blocking_puts.store(true, SeqCst);
+        let append = |body: &str| {
+            let (caller, s, body) = (engine.root.clone(), s.clone(), body.to_owned());
+            tokio::spawn(async move { caller.append(&basin(), &s, records(&[&body]), None).await })
+        };
+        // A small append alone: the writer puts its chunk on its own thread, held there.
+        let first = append("first");
+        let started = tokio::time::timeout(Duration::from_secs(30), async {
+            while held.blocking_put_attempts.load(SeqCst) == attempts_before {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        assert!(
+            started.await.is_ok(),
+            "{round}: the lone small chunk is put on the writer's thread"
+        );
+        let queued: Vec<_> = bodies.iter().map(|body| append(body)).collect();
+        // Time for them to reach the writer's queue while it is blocked.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        held.hold_blocking_puts.store(false, SeqCst);
+        assert_eq!(first.await.unwrap().unwrap().start.seq_num, tail);
+        let mut starts = Vec::new();
+        for append in queued {
+            starts.push(append.await.unwrap().unwrap().start.seq_num);
+        }
+        starts.sort();
+        let expected: Vec<u64> = (tail + 1..=tail + bodies.len() as u64).collect();
+        assert_eq!(
+            starts, expected,
+            "{round}: each acknowledged once, in sequence"
+        );
+        tail += 1 + bodies.len() as u64;
+        assert_eq!(
+            held.chunk_writes() - writes_before,
+            1 + chunks,
+            "{round}: the held chunk, then {chunks} chunk(s) for the {} queued appends",
+            bodies.len()
+        );
+    }
+}
+
+/// With the in-flight budget spent by appends whose chunks the store has not taken yet,
+/// a further append waits (the engine reports itself congested meanwhile) and is
+/// appended once the store takes them; one that finds no room for 10 s is refused
+/// retryably and never lands.
 #[tokio::test]
 async fn appends_beyond_the_in_flight_budget_wait_instead_of_failing() {
     let dir = tempfile::tempdir().unwrap();
