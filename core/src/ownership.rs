@@ -117,7 +117,7 @@ impl Ownership {
         // or this node starting to leave, looks again at who holds it now.
         for _ in 0..2 {
             let asked_at = Instant::now();
-            match self.metadata.stream_owner(record.id).await? {
+            let handed_here = match self.metadata.stream_owner(record.id).await? {
                 StreamOwner::Live {
                     epoch,
                     advertise_url,
@@ -141,7 +141,7 @@ impl Ownership {
                 }
                 // Handed to this node by another, or a takeover here failed part way: it
                 // is this node's to rebuild, wherever the placement rule would put it.
-                StreamOwner::Live { .. } => {}
+                StreamOwner::Live { .. } => true,
                 _ if placement == Placement::Balanced => {
                     // Placed by the nodes live now, not as of the last look: a node that
                     // just started must not take every new stream for itself.
@@ -151,10 +151,23 @@ impl Ownership {
                             return Err(Error::OwnedElsewhere { advertise_url });
                         }
                     }
+                    false
                 }
-                _ => {}
+                _ => false,
+            };
+            if handed_here {
+                // Streams are handed over in groups, and requests for each arrive at
+                // once: every one handed here is rebuilt in one replay of the previous
+                // owner's log, not in a replay per stream, each behind the last and each
+                // longer (that log is not compacted while they wait). If that fails (a
+                // damaged log, say), the one asked for is taken alone.
+                if let Err(err) = self.take_owned().await {
+                    tracing::warn!(error = %err, "could not take over the streams handed to this node together; taking the one asked for alone");
+                    self.take(&[record.id]).await?;
+                }
+            } else {
+                self.take(&[record.id]).await?;
             }
-            self.take(&[record.id]).await?;
             if let Some(state) = self.registry.get_id(&record.basin, &record.name, record.id) {
                 return Ok(state);
             }
@@ -260,8 +273,11 @@ impl Ownership {
         let released = self
             .metadata
             .release_streams(self.epoch(), &ids, to)
-            .await?;
-        Ok(released as usize)
+            .await? as usize;
+        if released > 0 {
+            crate::telemetry::hand_over(released);
+        }
+        Ok(released)
     }
 
     /// Whether this node handed the stream over a moment ago: a request another node
@@ -504,6 +520,7 @@ impl Ownership {
             self.registry.insert(claim.stream.basin.clone(), state);
         }
         drop(compaction);
+        crate::telemetry::takeover(claims.len());
         tracing::info!(
             streams = claims.len(),
             batches = copied,

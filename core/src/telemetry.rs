@@ -69,6 +69,22 @@ pub fn describe() {
         "Bytes moved from WAL chunks into segments."
     );
     describe_counter!(
+        "streamgate_takeovers_total",
+        "Takeovers: replays of a log (another node's, or this node's own) that rebuilt streams to serve them here."
+    );
+    describe_counter!(
+        "streamgate_taken_over_streams_total",
+        "Streams rebuilt by takeovers."
+    );
+    describe_counter!(
+        "streamgate_handovers_total",
+        "Hand-overs of streams to other nodes (for an even share, or at shutdown)."
+    );
+    describe_counter!(
+        "streamgate_handed_over_streams_total",
+        "Streams handed to other nodes."
+    );
+    describe_counter!(
         "streamgate_lifecycle_passes_total",
         "Lifecycle passes (retention, trims, deletions), by outcome."
     );
@@ -130,6 +146,18 @@ pub(crate) fn compaction_round(outcome: &Result<crate::CompactionStats>) {
         counter!("streamgate_compaction_segments_total").increment(stats.segments as u64);
         counter!("streamgate_compaction_bytes_total").increment(stats.bytes as u64);
     }
+}
+
+/// Streams this node rebuilt in one takeover.
+pub(crate) fn takeover(streams: usize) {
+    counter!("streamgate_takeovers_total").increment(1);
+    counter!("streamgate_taken_over_streams_total").increment(streams as u64);
+}
+
+/// Streams this node handed to others in one hand-over.
+pub(crate) fn hand_over(streams: usize) {
+    counter!("streamgate_handovers_total").increment(1);
+    counter!("streamgate_handed_over_streams_total").increment(streams as u64);
 }
 
 pub(crate) fn lifecycle_pass(ok: bool) {

@@ -988,12 +988,19 @@ async fn shares(cluster: &Cluster, node: usize) -> Vec<u64> {
 /// A node that joins a running cluster takes an even share of the streams from the
 /// others while REST writers and XADDs go on through every node: not one append fails,
 /// and once the new node is killed with `kill -9`, every batch acknowledged through any
-/// node (the ones it rebuilt from the others' logs too) is found exactly once.
+/// node (the ones it rebuilt from the others' logs too) is found exactly once. The new
+/// node rebuilds the streams of each hand-over in one replay of the log they were in,
+/// however many requests for them arrive at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_that_joins_takes_an_even_share_and_no_append_fails_nor_is_lost_after_a_kill() {
     const STREAMS: usize = 12;
     const REDIS_STREAMS: usize = 3;
-    let flags = ["--lease-secs", LEASE_SECS];
+    let flags = [
+        "--lease-secs",
+        LEASE_SECS,
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
     let mut cluster = Cluster::start(2, &flags);
     for node in 0..2 {
         cluster.wait_for_live_nodes(node, 2).await;
@@ -1093,6 +1100,27 @@ async fn a_node_that_joins_takes_an_even_share_and_no_append_fails_nor_is_lost_a
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Replays, not requests: one per hand-over at most (a replay per stream, each
+    // behind the last and each longer, once kept appends waiting for 20 s).
+    let sample = |text: &str, series: &str| {
+        streamgate_tests::prometheus_sample(text, series).unwrap_or(0.0) as u64
+    };
+    let mut handovers = 0;
+    for node in 0..2 {
+        let text = cluster.nodes[node].scrape_metrics().await;
+        handovers += sample(&text, "streamgate_handovers_total");
+    }
+    let joined = cluster.nodes[joining].scrape_metrics().await;
+    let takeovers = sample(&joined, "streamgate_takeovers_total");
+    assert_eq!(
+        sample(&joined, "streamgate_taken_over_streams_total"),
+        shares(&cluster, 0).await[2],
+        "the new node rebuilt each stream it serves once: {joined}"
+    );
+    assert!(
+        (1..=handovers).contains(&takeovers),
+        "the new node rebuilt its streams in {takeovers} takeovers from {handovers} hand-overs"
+    );
     every_stream_acknowledges_after(&acks_by_stream, STREAMS, Instant::now(), "shared").await;
     stop_xadds.store(true, Ordering::SeqCst);
     let mut xadded: HashMap<String, Vec<u64>> = HashMap::new();

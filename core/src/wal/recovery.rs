@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use futures::StreamExt;
+
 use crate::error::{Error, Result};
 use crate::record::SequencedRecord;
 use crate::storage::{MetadataStore, ObjectStore};
@@ -14,6 +16,10 @@ use crate::wal::{chunk_key, decode_chunk, parse_chunk_key, EntryKind};
 /// (the largest `--flush-in-flight` accepted) end an epoch. A missing or unreadable
 /// chunk with more after it is corruption, not a crash.
 pub const MAX_TORN_TAIL: usize = 64;
+
+/// Chunks read ahead while a log is replayed. A chunk is cut at 8 MiB, so this bounds
+/// what a replay holds in memory besides the batches it keeps at about 72 MiB.
+const REPLAY_READ_AHEAD: usize = 8;
 
 /// One stream being rebuilt: its state at its checkpoint, then after each batch the
 /// logs hold past it (records, and consumer-group ops), in log order.
@@ -90,6 +96,17 @@ async fn replay_epoch(
     numbers: &[u64],
     replays: &mut HashMap<u64, StreamReplay>,
 ) -> Result<usize> {
+    // The chunks present from the watermark on without a gap are read a few at a time
+    // ahead of the one being replayed: from S3 a log of many small chunks would
+    // otherwise cost a round trip per chunk, one after another, while requests for
+    // the streams being taken over wait.
+    let unbroken = (watermark..)
+        .zip(numbers.iter())
+        .take_while(|(expected, number)| *number == expected)
+        .count() as u64;
+    let mut reads = futures::stream::iter(watermark..watermark + unbroken)
+        .map(|number| async move { objects.get(&chunk_key(epoch, number)).await })
+        .buffered(REPLAY_READ_AHEAD);
     let mut replayed = 0;
     for (expected, number) in (watermark..).zip(numbers.iter()) {
         let key = chunk_key(epoch, expected);
@@ -98,7 +115,7 @@ async fn replay_epoch(
         // epoch's log. Only a few chunks are ever written at once, so many complete ones
         // after it mean a damaged log, not a crash.
         let chunk = if *number == expected {
-            objects.get(&key).await?
+            reads.next().await.transpose()?.flatten()
         } else {
             None
         };
