@@ -401,11 +401,7 @@ impl Engine {
         *inner.changes_seen_at.lock() = now - CHANGE_CLOCK_SLACK_MS;
         // A node that just renewed after a lapse waits a lease before taking others'
         // streams, so that every node can renew first after a metadata outage.
-        if inner
-            .membership
-            .held_for()
-            .is_some_and(|held| held >= inner.settings.cluster.lease)
-        {
+        if inner.membership.settled() {
             let taken = inner.ownership.take_orphans(false).await?;
             if taken > 0 {
                 tracing::info!(streams = taken, "took over streams of nodes that are gone");

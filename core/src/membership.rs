@@ -158,6 +158,14 @@ impl Membership {
         self.holding_since.read().map(|since| since.elapsed())
     }
 
+    /// Whether the lease has held for a whole lease length: only then does this node
+    /// take over other nodes' streams in bulk, so that after a metadata outage every
+    /// node can renew before any takes the streams of the others.
+    pub fn settled(&self) -> bool {
+        self.held_for()
+            .is_some_and(|held| held >= self.settings.lease)
+    }
+
     /// Refuses work that needs the leases while they may not hold.
     pub fn check(&self) -> Result<()> {
         match *self.state.borrow() {

@@ -41,6 +41,27 @@ const MOVES_PER_STEP: usize = 200;
 /// passed on to the new owner (other nodes may have looked the owner up before).
 const FORWARD_AFTER_HAND_OVER: Duration = Duration::from_secs(10);
 
+/// What a request's takeover of a stream takes with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TakenAlong {
+    /// Every stream handed to this node and not rebuilt yet.
+    HandedHere,
+    /// This node's share of the streams whose owner is gone.
+    Orphans,
+    /// Nothing: a stream nobody has held yet.
+    Nothing,
+}
+
+impl TakenAlong {
+    fn of(owner: &StreamOwner) -> TakenAlong {
+        match owner {
+            StreamOwner::Lapsed { .. } => TakenAlong::Orphans,
+            StreamOwner::Live { .. } => TakenAlong::HandedHere,
+            StreamOwner::Nobody => TakenAlong::Nothing,
+        }
+    }
+}
+
 /// Where a stream without a live owner should be taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Placement {
@@ -117,7 +138,8 @@ impl Ownership {
         // or this node starting to leave, looks again at who holds it now.
         for _ in 0..2 {
             let asked_at = Instant::now();
-            let handed_here = match self.metadata.stream_owner(record.id).await? {
+            let owner = self.metadata.stream_owner(record.id).await?;
+            let along = match owner {
                 StreamOwner::Live {
                     epoch,
                     advertise_url,
@@ -141,7 +163,7 @@ impl Ownership {
                 }
                 // Handed to this node by another, or a takeover here failed part way: it
                 // is this node's to rebuild, wherever the placement rule would put it.
-                StreamOwner::Live { .. } => true,
+                StreamOwner::Live { .. } => TakenAlong::HandedHere,
                 _ if placement == Placement::Balanced => {
                     // Placed by the nodes live now, not as of the last look: a node that
                     // just started must not take every new stream for itself.
@@ -151,23 +173,25 @@ impl Ownership {
                             return Err(Error::OwnedElsewhere { advertise_url });
                         }
                     }
-                    false
+                    TakenAlong::of(&owner)
                 }
-                _ => false,
+                _ => TakenAlong::of(&owner),
             };
-            if handed_here {
-                // Streams are handed over in groups, and requests for each arrive at
-                // once: every one handed here is rebuilt in one replay of the previous
-                // owner's log, not in a replay per stream, each behind the last and each
-                // longer (that log is not compacted while they wait). If that fails (a
-                // damaged log, say), the one asked for is taken alone.
-                if let Err(err) = self.take_owned().await {
-                    tracing::warn!(error = %err, "could not take over the streams handed to this node together; taking the one asked for alone");
-                    self.take(&[record.id]).await?;
-                }
-            } else {
-                self.take(&[record.id]).await?;
+            // Streams change owner in groups (a hand-over, a node that died), and
+            // requests for each arrive at once: the group is rebuilt in one replay of
+            // the log its records are in, not in a replay per stream, each behind the
+            // last. If that fails (a damaged log, say), the one asked for is still
+            // taken alone.
+            let together = match along {
+                TakenAlong::HandedHere => self.take_owned().await,
+                // Only once this node's lease has held a while, as on the steady beat.
+                TakenAlong::Orphans if self.membership.settled() => self.take_orphans(false).await,
+                TakenAlong::Orphans | TakenAlong::Nothing => Ok(0),
+            };
+            if let Err(err) = together {
+                tracing::warn!(error = %err, "could not take over the streams that changed owner with this one; taking it alone");
             }
+            self.take(&[record.id]).await?;
             if let Some(state) = self.registry.get_id(&record.basin, &record.name, record.id) {
                 return Ok(state);
             }

@@ -985,12 +985,28 @@ async fn shares(cluster: &Cluster, node: usize) -> Vec<u64> {
         .collect()
 }
 
+/// A counter's value in a node's Prometheus text (0 before it is first counted).
+fn counter(text: &str, series: &str) -> u64 {
+    streamgate_tests::prometheus_sample(text, series).unwrap_or(0.0) as u64
+}
+
+/// The takeovers `nodes` made so far, and the streams those rebuilt (their metrics).
+async fn takeovers_by(cluster: &Cluster, nodes: &[usize]) -> (u64, u64) {
+    let (mut takeovers, mut streams) = (0, 0);
+    for node in nodes {
+        let text = cluster.nodes[*node].scrape_metrics().await;
+        takeovers += counter(&text, "streamgate_takeovers_total");
+        streams += counter(&text, "streamgate_taken_over_streams_total");
+    }
+    (takeovers, streams)
+}
+
 /// A node that joins a running cluster takes an even share of the streams from the
 /// others while REST writers and XADDs go on through every node: not one append fails,
 /// and once the new node is killed with `kill -9`, every batch acknowledged through any
-/// node (the ones it rebuilt from the others' logs too) is found exactly once. The new
-/// node rebuilds the streams of each hand-over in one replay of the log they were in,
-/// however many requests for them arrive at once.
+/// node (the ones it rebuilt from the others' logs too) is found exactly once. Streams
+/// that change owner together (a hand-over, the killed node's) are rebuilt together, in
+/// one replay of the log they were in, however many requests for them arrive at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_that_joins_takes_an_even_share_and_no_append_fails_nor_is_lost_after_a_kill() {
     const STREAMS: usize = 12;
@@ -1102,20 +1118,16 @@ async fn a_node_that_joins_takes_an_even_share_and_no_append_fails_nor_is_lost_a
     }
     // Replays, not requests: one per hand-over at most (a replay per stream, each
     // behind the last and each longer, once kept appends waiting for 20 s).
-    let sample = |text: &str, series: &str| {
-        streamgate_tests::prometheus_sample(text, series).unwrap_or(0.0) as u64
-    };
     let mut handovers = 0;
     for node in 0..2 {
         let text = cluster.nodes[node].scrape_metrics().await;
-        handovers += sample(&text, "streamgate_handovers_total");
+        handovers += counter(&text, "streamgate_handovers_total");
     }
-    let joined = cluster.nodes[joining].scrape_metrics().await;
-    let takeovers = sample(&joined, "streamgate_takeovers_total");
+    let (takeovers, streams_taken) = takeovers_by(&cluster, &[joining]).await;
     assert_eq!(
-        sample(&joined, "streamgate_taken_over_streams_total"),
+        streams_taken,
         shares(&cluster, 0).await[2],
-        "the new node rebuilt each stream it serves once: {joined}"
+        "the new node rebuilt each stream it serves once"
     );
     assert!(
         (1..=handovers).contains(&takeovers),
@@ -1181,9 +1193,19 @@ async fn a_node_that_joins_takes_an_even_share_and_no_append_fails_nor_is_lost_a
 
     // The new node dies: what it rebuilt from the others' logs and acknowledged since
     // is all found again by the nodes that stay.
+    let before_the_kill = takeovers_by(&cluster, &[0, 1]).await;
     let killed_at = Instant::now();
     cluster.nodes[joining].kill9();
     every_stream_acknowledges_after(&acks_by_stream, STREAMS, killed_at, "kill -9").await;
+    // Each node that stays takes its share of the dead node's streams together, in one
+    // replay of its log, not one stream per replay as requests for them come in.
+    let after_the_kill = takeovers_by(&cluster, &[0, 1]).await;
+    let takeovers = after_the_kill.0 - before_the_kill.0;
+    let streams_taken = after_the_kill.1 - before_the_kill.1;
+    assert!(
+        takeovers < streams_taken,
+        "the other nodes took {streams_taken} streams in {takeovers} takeovers"
+    );
     stop.store(true, Ordering::SeqCst);
     for writer in writers {
         writer.await.unwrap();
