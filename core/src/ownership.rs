@@ -212,8 +212,8 @@ impl Ownership {
     }
 
     /// Hands every stream this node sequences to the other nodes, for a shutdown that
-    /// fails no append (see `hand_over`); the next request for each (at any node) has
-    /// another node take it over from this node's log. How many streams it handed
+    /// fails no append (see `hand_over`): each goes to the node the placement rule
+    /// gives it, which takes it over from this node's log. How many streams it handed
     /// over; nothing is handed over when no other node is live. Cancelled part way (the
     /// caller's time limit), it leaves the streams out of service here and their leases
     /// with this node, which others take from its log once it has left.
@@ -229,11 +229,11 @@ impl Ownership {
     }
 
     /// Hands streams this node sequences (`only` these, or all) to node `to`, or with
-    /// `None` to nobody: each is taken out of service here, everything accepted on it
-    /// becomes durable, and then its lease is given up, so its next owner rebuilds it
-    /// from this node's log. Requests that arrive meanwhile wait and then go there; a
-    /// batch that was waiting for a stream's sequencer is passed on whole. How many it
-    /// handed over. Streams it took out but could not hand over (the store refused, or
+    /// `None` (shutting down) to the nodes that stay: each is taken out of service
+    /// here, everything accepted on it becomes durable, and then its lease is given up,
+    /// so its next owner rebuilds it from this node's log. Requests that arrive
+    /// meanwhile wait and then go there; a batch that was waiting for a stream's
+    /// sequencer is passed on whole. How many it handed over. Streams it took out but could not hand over (the store refused, or
     /// `to` is no longer live) stay this node's: they are rebuilt here from its own
     /// log on their next request, or by `take_owned`.
     async fn hand_over(&self, only: Option<&HashSet<u64>>, to: Option<u64>) -> Result<usize> {
@@ -294,12 +294,42 @@ impl Ownership {
             let owned = self.metadata.streams_owned(self.epoch()).await?;
             ids.extend(owned.into_iter().filter(|id| !served.contains(id)));
         }
-        let released = self
-            .metadata
-            .release_streams(self.epoch(), &ids, to)
-            .await? as usize;
+        let released = match to {
+            Some(to) => self.release(&ids, Some(to)).await?,
+            None => self.release_to_the_nodes_that_stay(&ids).await?,
+        };
         if released > 0 {
             crate::telemetry::hand_over(released);
+        }
+        Ok(released)
+    }
+
+    /// Gives up the leases of `ids` to node `to` (or to nobody), in one transaction.
+    async fn release(&self, ids: &[u64], to: Option<u64>) -> Result<usize> {
+        let released = self.metadata.release_streams(self.epoch(), ids, to).await?;
+        Ok(released as usize)
+    }
+
+    /// Gives up the leases of `ids` on shutdown: to the nodes that stay, each the
+    /// streams the placement rule gives it (a transaction per node), so that each
+    /// rebuilds its group in one replay of this node's log, at its next beat or at the
+    /// first request for one of them. A group whose node is no longer live goes to
+    /// nobody: whichever node the next request for one of them reaches takes it.
+    async fn release_to_the_nodes_that_stay(&self, ids: &[u64]) -> Result<usize> {
+        // This node is leaving, so it is no longer among the live nodes it places on.
+        self.membership.refresh_live_nodes().await?;
+        let mut groups: HashMap<Option<u64>, Vec<u64>> = HashMap::new();
+        for id in ids {
+            let node = self.membership.placement(*id).map(|(epoch, _)| epoch);
+            groups.entry(node).or_default().push(*id);
+        }
+        let mut released = 0;
+        for (node, group) in groups {
+            let mut done = self.release(&group, node).await?;
+            if done == 0 && node.is_some() {
+                done = self.release(&group, None).await?;
+            }
+            released += done;
         }
         Ok(released)
     }

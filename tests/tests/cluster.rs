@@ -744,7 +744,13 @@ async fn xadd_through(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_stopped_with_sigterm_hands_its_streams_over_and_no_append_fails_nor_is_lost_after_a_kill(
 ) {
-    let mut cluster = Cluster::start(NODES, &["--lease-secs", LEASE_SECS]);
+    let flags = [
+        "--lease-secs",
+        LEASE_SECS,
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let mut cluster = Cluster::start(NODES, &flags);
     for node in 0..NODES {
         cluster.wait_for_live_nodes(node, NODES).await;
     }
@@ -800,6 +806,8 @@ async fn a_node_stopped_with_sigterm_hands_its_streams_over_and_no_append_fails_
     let served = |view: Value| view["node"]["streams_served"].as_u64().unwrap();
     let served_before = [served(cluster.view(0).await), served(cluster.view(1).await)];
 
+    let handovers_before = counted(&cluster, &[0, 1], HANDOVERS).await;
+    let takeovers_before = counted(&cluster, &[0, 1], TAKEOVERS).await;
     let stopping = Instant::now();
     let code = cluster.nodes[leaving].terminate();
     assert_eq!(
@@ -817,6 +825,16 @@ async fn a_node_stopped_with_sigterm_hands_its_streams_over_and_no_append_fails_
     assert!(
         xadd_failures.is_empty(),
         "XADDs that failed: {xadd_failures:?}"
+    );
+    // The stopped node gave each node that stays its group of streams, which that node
+    // rebuilt in one replay (and any move between the two for an even share since, in
+    // one more each).
+    let takeovers = counted(&cluster, &[0, 1], TAKEOVERS).await - takeovers_before;
+    let handovers = counted(&cluster, &[0, 1], HANDOVERS).await - handovers_before;
+    assert!(
+        takeovers <= 2 + handovers,
+        "the nodes that stay took the stopped node's {held} streams in {takeovers} \
+         takeovers, with {handovers} hand-overs between them"
     );
 
     // A node that took streams of the stopped one is killed: what it rebuilt from the
@@ -985,21 +1003,19 @@ async fn shares(cluster: &Cluster, node: usize) -> Vec<u64> {
         .collect()
 }
 
-/// A counter's value in a node's Prometheus text (0 before it is first counted).
-fn counter(text: &str, series: &str) -> u64 {
-    streamgate_tests::prometheus_sample(text, series).unwrap_or(0.0) as u64
-}
-
-/// The takeovers `nodes` made so far, and the streams those rebuilt (their metrics).
-async fn takeovers_by(cluster: &Cluster, nodes: &[usize]) -> (u64, u64) {
-    let (mut takeovers, mut streams) = (0, 0);
+/// The sum over `nodes` of a counter of theirs (0 where it was not counted yet).
+async fn counted(cluster: &Cluster, nodes: &[usize], series: &str) -> u64 {
+    let mut sum = 0;
     for node in nodes {
         let text = cluster.nodes[*node].scrape_metrics().await;
-        takeovers += counter(&text, "streamgate_takeovers_total");
-        streams += counter(&text, "streamgate_taken_over_streams_total");
+        sum += streamgate_tests::prometheus_sample(&text, series).unwrap_or(0.0) as u64;
     }
-    (takeovers, streams)
+    sum
 }
+
+const TAKEOVERS: &str = "streamgate_takeovers_total";
+const TAKEN_OVER_STREAMS: &str = "streamgate_taken_over_streams_total";
+const HANDOVERS: &str = "streamgate_handovers_total";
 
 /// A node that joins a running cluster takes an even share of the streams from the
 /// others while REST writers and XADDs go on through every node: not one append fails,
@@ -1118,14 +1134,10 @@ async fn a_node_that_joins_takes_an_even_share_and_no_append_fails_nor_is_lost_a
     }
     // Replays, not requests: one per hand-over at most (a replay per stream, each
     // behind the last and each longer, once kept appends waiting for 20 s).
-    let mut handovers = 0;
-    for node in 0..2 {
-        let text = cluster.nodes[node].scrape_metrics().await;
-        handovers += counter(&text, "streamgate_handovers_total");
-    }
-    let (takeovers, streams_taken) = takeovers_by(&cluster, &[joining]).await;
+    let handovers = counted(&cluster, &[0, 1], HANDOVERS).await;
+    let takeovers = counted(&cluster, &[joining], TAKEOVERS).await;
     assert_eq!(
-        streams_taken,
+        counted(&cluster, &[joining], TAKEN_OVER_STREAMS).await,
         shares(&cluster, 0).await[2],
         "the new node rebuilt each stream it serves once"
     );
@@ -1193,15 +1205,15 @@ async fn a_node_that_joins_takes_an_even_share_and_no_append_fails_nor_is_lost_a
 
     // The new node dies: what it rebuilt from the others' logs and acknowledged since
     // is all found again by the nodes that stay.
-    let before_the_kill = takeovers_by(&cluster, &[0, 1]).await;
+    let takeovers_before = counted(&cluster, &[0, 1], TAKEOVERS).await;
+    let streams_before = counted(&cluster, &[0, 1], TAKEN_OVER_STREAMS).await;
     let killed_at = Instant::now();
     cluster.nodes[joining].kill9();
     every_stream_acknowledges_after(&acks_by_stream, STREAMS, killed_at, "kill -9").await;
     // Each node that stays takes its share of the dead node's streams together, in one
     // replay of its log, not one stream per replay as requests for them come in.
-    let after_the_kill = takeovers_by(&cluster, &[0, 1]).await;
-    let takeovers = after_the_kill.0 - before_the_kill.0;
-    let streams_taken = after_the_kill.1 - before_the_kill.1;
+    let takeovers = counted(&cluster, &[0, 1], TAKEOVERS).await - takeovers_before;
+    let streams_taken = counted(&cluster, &[0, 1], TAKEN_OVER_STREAMS).await - streams_before;
     assert!(
         takeovers < streams_taken,
         "the other nodes took {streams_taken} streams in {takeovers} takeovers"
