@@ -182,6 +182,27 @@ pub struct Server {
     env: Vec<(String, String)>,
 }
 
+/// A port nothing listens on now, below the range the kernel hands out for outgoing
+/// connections (32768 and up on Linux). A server restarted on its ports must find them
+/// free: one the kernel picked (port 0) could meanwhile have become the local port of
+/// one of the many connections a test makes, and the restart would fail. Ports are
+/// handed out in turn from a start that differs per test process.
+pub fn unused_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const COUNT: u32 = 12_000;
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    let start = u64::from(std::process::id()) * 7919 % u64::from(COUNT);
+    let next = NEXT.get_or_init(|| AtomicU32::new(start as u32));
+    for _ in 0..COUNT {
+        let port = (FIRST + next.fetch_add(1, Ordering::Relaxed) % COUNT) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between {FIRST} and {}", FIRST + COUNT);
+}
+
 impl Server {
     /// Starts a server on a free port over `data_dir`.
     pub fn start(data_dir: &Path) -> Server {
@@ -206,8 +227,8 @@ impl Server {
             endpoint: String::new(),
             resp_port: 0,
             banner: String::new(),
-            port: 0,
-            resp_listen: 0,
+            port: unused_port(),
+            resp_listen: unused_port(),
             test_root_token,
             env: Vec::new(),
         };
