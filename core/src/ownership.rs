@@ -121,7 +121,7 @@ impl Ownership {
     /// node holds it (and, with `Balanced`, if it falls to this node).
     /// `OwnedElsewhere` names the node that serves it, or should take it.
     pub async fn acquire(
-        &self,
+        self: &Arc<Self>,
         record: &StreamRecord,
         placement: Placement,
     ) -> Result<Arc<StreamState>> {
@@ -180,16 +180,22 @@ impl Ownership {
             // Streams change owner in groups (a hand-over, a node that died), and
             // requests for each arrive at once: the group is rebuilt in one replay of
             // the log its records are in, not in a replay per stream, each behind the
-            // last. If that fails (a damaged log, say), the one asked for is still
-            // taken alone.
-            let together = match along {
-                TakenAlong::HandedHere => self.take_owned().await,
-                // Only once this node's lease has held a while, as on the steady beat.
-                TakenAlong::Orphans if self.membership.settled() => self.take_orphans(false).await,
-                TakenAlong::Orphans | TakenAlong::Nothing => Ok(0),
+            // last. Orphans only once this node's lease has held a while, as on the
+            // steady beat. The group's takeover runs in a task of its own, so that a
+            // client that gives up does not cut it short. If it fails (a damaged log,
+            // say), the one asked for is still taken alone.
+            let group = match along {
+                TakenAlong::Orphans if !self.membership.settled() => TakenAlong::Nothing,
+                along => along,
             };
-            if let Err(err) = together {
-                tracing::warn!(error = %err, "could not take over the streams that changed owner with this one; taking it alone");
+            if group != TakenAlong::Nothing {
+                let ownership = Arc::clone(self);
+                let together = tokio::spawn(async move { ownership.take_group(group).await })
+                    .await
+                    .unwrap_or_else(|_| Err(changing_owner()));
+                if let Err(err) = together {
+                    tracing::warn!(error = %err, "could not take over the streams that changed owner with this one; taking it alone");
+                }
             }
             self.take(&[record.id]).await?;
             if let Some(state) = self.registry.get_id(&record.basin, &record.name, record.id) {
@@ -197,6 +203,15 @@ impl Ownership {
             }
         }
         Err(changing_owner())
+    }
+
+    /// Takes over a group of streams that changed owner together (see `TakenAlong`).
+    async fn take_group(&self, group: TakenAlong) -> Result<usize> {
+        match group {
+            TakenAlong::HandedHere => self.take_owned().await,
+            TakenAlong::Orphans => self.take_orphans(false).await,
+            TakenAlong::Nothing => Ok(0),
+        }
     }
 
     /// The node found holding the stream's lease a moment ago, if any (see

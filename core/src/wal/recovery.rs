@@ -17,8 +17,9 @@ use crate::wal::{chunk_key, decode_chunk, parse_chunk_key, EntryKind};
 /// chunk with more after it is corruption, not a crash.
 pub const MAX_TORN_TAIL: usize = 64;
 
-/// Chunks read ahead while a log is replayed. A chunk is cut at 8 MiB, so this bounds
-/// what a replay holds in memory besides the batches it keeps at about 72 MiB.
+/// Chunks read ahead while a log is replayed: what a replay holds in memory besides the
+/// batches it keeps is this many chunks of the node that wrote them (each cut at its
+/// `--flush-max-bytes`, 8 MiB by default, plus the batch that crossed it).
 const REPLAY_READ_AHEAD: usize = 8;
 
 /// One stream being rebuilt: its state at its checkpoint, then after each batch the
