@@ -48,18 +48,9 @@ enum TakenAlong {
     HandedHere,
     /// This node's share of the streams whose owner is gone.
     Orphans,
-    /// Nothing: a stream nobody has held yet.
+    /// Nothing: the stream has no owner (it never had one, or was given up to
+    /// nobody), or this node's lease has not held long enough to take orphans.
     Nothing,
-}
-
-impl TakenAlong {
-    fn of(owner: &StreamOwner) -> TakenAlong {
-        match owner {
-            StreamOwner::Lapsed { .. } => TakenAlong::Orphans,
-            StreamOwner::Live { .. } => TakenAlong::HandedHere,
-            StreamOwner::Nobody => TakenAlong::Nothing,
-        }
-    }
 }
 
 /// Where a stream without a live owner should be taken.
@@ -139,13 +130,14 @@ impl Ownership {
         for _ in 0..2 {
             let asked_at = Instant::now();
             let owner = self.metadata.stream_owner(record.id).await?;
-            let along = match owner {
+            match &owner {
                 StreamOwner::Live {
                     epoch,
                     advertise_url,
-                } if epoch != self.epoch() => {
+                } if *epoch != self.epoch() => {
                     let (basin, name) = (&record.basin, &record.name);
-                    self.owners.remember(basin, name, &advertise_url, asked_at);
+                    self.owners.remember(basin, name, advertise_url, asked_at);
+                    let advertise_url = advertise_url.clone();
                     return Err(Error::OwnedElsewhere { advertise_url });
                 }
                 // Still this node's: its hand-off failed; others take it once this node
@@ -163,7 +155,7 @@ impl Ownership {
                 }
                 // Handed to this node by another, or a takeover here failed part way: it
                 // is this node's to rebuild, wherever the placement rule would put it.
-                StreamOwner::Live { .. } => TakenAlong::HandedHere,
+                StreamOwner::Live { .. } => {}
                 _ if placement == Placement::Balanced => {
                     // Placed by the nodes live now, not as of the last look: a node that
                     // just started must not take every new stream for itself.
@@ -173,10 +165,9 @@ impl Ownership {
                             return Err(Error::OwnedElsewhere { advertise_url });
                         }
                     }
-                    TakenAlong::of(&owner)
                 }
-                _ => TakenAlong::of(&owner),
-            };
+                _ => {}
+            }
             // Streams change owner in groups (a hand-over, a node that died), and
             // requests for each arrive at once: the group is rebuilt in one replay of
             // the log its records are in, not in a replay per stream, each behind the
@@ -184,9 +175,10 @@ impl Ownership {
             // steady beat. The group's takeover runs in a task of its own, so that a
             // client that gives up does not cut it short. If it fails (a damaged log,
             // say), the one asked for is still taken alone.
-            let group = match along {
-                TakenAlong::Orphans if !self.membership.settled() => TakenAlong::Nothing,
-                along => along,
+            let group = match owner {
+                StreamOwner::Live { .. } => TakenAlong::HandedHere,
+                StreamOwner::Lapsed { .. } if self.membership.settled() => TakenAlong::Orphans,
+                StreamOwner::Lapsed { .. } | StreamOwner::Nobody => TakenAlong::Nothing,
             };
             if group != TakenAlong::Nothing {
                 let ownership = Arc::clone(self);
@@ -248,9 +240,10 @@ impl Ownership {
     /// here, everything accepted on it becomes durable, and then its lease is given up,
     /// so its next owner rebuilds it from this node's log. Requests that arrive
     /// meanwhile wait and then go there; a batch that was waiting for a stream's
-    /// sequencer is passed on whole. How many it handed over. Streams it took out but could not hand over (the store refused, or
-    /// `to` is no longer live) stay this node's: they are rebuilt here from its own
-    /// log on their next request, or by `take_owned`.
+    /// sequencer is passed on whole. How many it handed over. Streams it took out but
+    /// could not hand over (the store refused, or `to` is no longer live) stay this
+    /// node's: they are rebuilt here from its own log on their next request, or by
+    /// `take_owned`.
     async fn hand_over(&self, only: Option<&HashSet<u64>>, to: Option<u64>) -> Result<usize> {
         let settled = self.handing_off.write().await;
         self.hand_over_settled(settled, only, to).await
