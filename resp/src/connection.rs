@@ -259,8 +259,15 @@ async fn flush_batch(
         let acks = xadd::submit(session, batch).await;
         pending.push_back(Box::pin(async move {
             let (replies, close) = acks.await;
-            for reply in &replies {
-                telemetry::request("resp", "xadd".into(), reply.outcome(), started.elapsed());
+            let took = started.elapsed();
+            // The replies of one append mostly share an outcome: each run of equal ones
+            // is recorded at once.
+            let mut rest = &replies[..];
+            while let Some(first) = rest.first() {
+                let outcome = first.outcome();
+                let alike = rest.iter().take_while(|r| r.outcome() == outcome).count();
+                telemetry::requests("resp", "xadd".into(), outcome, took, alike);
+                rest = &rest[alike..];
             }
             (replies, close)
         }));

@@ -45,6 +45,19 @@ async fn requests_stores_and_sessions_are_counted_for_prometheus() {
         .unwrap();
     redis.call(&["AUTH", BASIN, ROOT_TOKEN]).await.unwrap();
     redis.call(&["XADD", "s", "*", "f", "v"]).await.unwrap();
+    // Four more in one write: one append, whose four replies are counted (and timed) at
+    // once, each as a request.
+    let pipelined: Vec<Vec<String>> = (0..4)
+        .map(|i| {
+            ["XADD", "s", "*", "f", &i.to_string()]
+                .map(String::from)
+                .to_vec()
+        })
+        .collect();
+    redis.send_pipelined(&pipelined).await.unwrap();
+    for _ in 0..4 {
+        redis.reply().await.unwrap();
+    }
     let exported =
         streamgate_tests::export_logs(&server.endpoint, BASIN, &[("otel", "line")]).await;
     assert!(exported.status().is_success());
@@ -87,7 +100,14 @@ async fn requests_stores_and_sessions_are_counted_for_prometheus() {
             &text,
             "streamgate_requests_total{frontend=\"resp\",operation=\"xadd\",outcome=\"ok\"}"
         ),
-        Some(1.0)
+        Some(5.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "streamgate_request_duration_seconds_count{frontend=\"resp\",operation=\"xadd\"}"
+        ),
+        Some(5.0)
     );
     assert_eq!(
         sample(
