@@ -23,14 +23,6 @@ use cli::{parse_store_url, Args, StoreLocation};
 /// nodes remember a stream's owner for half as long (`owner_cache` in the core).
 const HAND_OFF_SETTLE: Duration = Duration::from_secs(1);
 
-/// jemalloc rather than glibc's allocator: with glibc's, a server that had been taking
-/// pipelined XADDs for a minute spent a fifth of its CPU in `malloc_consolidate` and
-/// `unlink_chunk` (each large buffer freed among many small ones merges every free
-/// chunk), and its rate fell by a fifth over six runs; with jemalloc it held
-/// (BENCHMARKS.md, "The allocator"). mimalloc held too, with a third more resident memory.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
