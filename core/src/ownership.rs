@@ -184,7 +184,9 @@ impl Ownership {
                 let ownership = Arc::clone(self);
                 let together = tokio::spawn(async move { ownership.take_group(group).await })
                     .await
-                    .unwrap_or_else(|_| Err(changing_owner()));
+                    .unwrap_or_else(|join| {
+                        Err(Error::internal("the group takeover did not finish", join))
+                    });
                 if let Err(err) = together {
                     tracing::warn!(error = %err, "could not take over the streams that changed owner with this one; taking it alone");
                 }

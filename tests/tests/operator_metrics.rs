@@ -45,8 +45,8 @@ async fn requests_stores_and_sessions_are_counted_for_prometheus() {
         .unwrap();
     redis.call(&["AUTH", BASIN, ROOT_TOKEN]).await.unwrap();
     redis.call(&["XADD", "s", "*", "f", "v"]).await.unwrap();
-    // Four more in one write: one append, whose four replies are counted (and timed) at
-    // once, each as a request.
+    // Four more in one write, which the server appends together and records in one
+    // metrics call: each XADD must still count (and be timed) as a request of its own.
     let pipelined: Vec<Vec<String>> = (0..4)
         .map(|i| {
             ["XADD", "s", "*", "f", &i.to_string()]
