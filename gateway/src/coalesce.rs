@@ -26,7 +26,7 @@ const RETAINED_CAPACITY: usize = GATHER_LIMIT;
 /// overflows into it when a wake-up makes many tasks ready at once (a record for thousands
 /// of followers). Otherwise a flush does not yield: a yield costs a lone request tens of
 /// microseconds (another worker is woken to take the yielded task) and gathers nothing.
-fn runtime_is_backlogged() -> bool {
+pub(crate) fn runtime_is_backlogged() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|runtime| runtime.metrics().global_queue_depth() > 0)
 }

@@ -39,7 +39,7 @@ impl AppendSession {
     pub fn respond(self, body: Body) -> Response {
         let (tx, rx) = mpsc::channel::<Bytes>(64);
         tokio::spawn(self.run(body, tx));
-        streaming_response("s2s/proto", rx)
+        streaming_response("s2s/proto", body_from(rx))
     }
 
     async fn run(mut self, body: Body, out: mpsc::Sender<Bytes>) {
@@ -174,7 +174,7 @@ impl AppendSession {
 }
 
 /// A streaming response body fed by a channel of frames; it ends when the sender drops.
-pub fn body_from(rx: mpsc::Receiver<Bytes>) -> Body {
+fn body_from(rx: mpsc::Receiver<Bytes>) -> Body {
     Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
@@ -182,12 +182,12 @@ pub fn body_from(rx: mpsc::Receiver<Bytes>) -> Body {
     }))
 }
 
-/// A 200 response streaming `rx` with the given content type.
-pub fn streaming_response(content_type: &'static str, rx: mpsc::Receiver<Bytes>) -> Response {
+/// A 200 response streaming `body` with the given content type.
+pub fn streaming_response(content_type: &'static str, body: Body) -> Response {
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, content_type)
         .header(header::CACHE_CONTROL, "no-cache")
-        .body(body_from(rx))
+        .body(body)
         .expect("a valid response")
 }
