@@ -7,6 +7,11 @@
 //! stream; a writer appends one record every 10 ms carrying its send time, and every
 //! reader records how long each record took to reach it. Server memory is measured
 //! before and after the sessions open, while they are idle.
+//!
+//! By default the writer sends its next record 10 ms after the previous one's
+//! acknowledgement, so a server that acknowledges faster is offered more records. With
+//! `--rate N` it sends N records a second on a clock, whatever the acknowledgements do,
+//! so that builds are compared at the same offered load.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -22,9 +27,13 @@ struct Args {
     /// Reader counts to measure, comma-separated.
     #[arg(long, default_value = "1,100,10000", value_delimiter = ',')]
     readers: Vec<usize>,
-    /// Records appended (one every 10 ms) per reader count.
+    /// Records appended per reader count.
     #[arg(long, default_value_t = 300)]
     records: usize,
+    /// Records sent per second on a clock (each append without waiting for the one
+    /// before); without it, each record is sent 10 ms after the previous one's ack.
+    #[arg(long, value_parser = parse_rate)]
+    rate: Option<f64>,
     #[arg(long, default_value = "target/tail-bench-data")]
     data_dir: std::path::PathBuf,
 }
@@ -36,21 +45,52 @@ fn now_micros() -> u64 {
         .as_micros() as u64
 }
 
-/// Appends `records` records, one every 10 ms, each carrying its send time; returns
-/// each append's acknowledgement latency (µs).
-async fn append_timestamps(stream: s2_sdk::S2Stream, records: usize) -> Vec<u64> {
+fn parse_rate(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(rate) if rate > 0.0 && rate <= 100_000.0 => Ok(rate),
+        _ => Err("a rate is records per second, above 0 and at most 100000".into()),
+    }
+}
+
+/// Appends `records` records, each carrying its send time: 10 ms after the previous
+/// one's acknowledgement, or `rate` a second on a clock. Returns each append's
+/// acknowledgement latency (µs).
+async fn append_timestamps(
+    stream: s2_sdk::S2Stream,
+    records: usize,
+    rate: Option<f64>,
+) -> Vec<u64> {
+    let Some(rate) = rate else {
+        let mut ack_latencies = Vec::with_capacity(records);
+        for _ in 0..records {
+            ack_latencies.push(append_timestamp(&stream).await);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        return ack_latencies;
+    };
+    let start = tokio::time::Instant::now();
+    let mut appends = Vec::with_capacity(records);
+    for i in 0..records {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+        let stream = stream.clone();
+        appends.push(tokio::spawn(async move { append_timestamp(&stream).await }));
+    }
     let mut ack_latencies = Vec::with_capacity(records);
-    for _ in 0..records {
-        let body = now_micros().to_be_bytes().to_vec();
-        let input = AppendInput::new(
-            AppendRecordBatch::try_from_iter([AppendRecord::new(body).unwrap()]).unwrap(),
-        );
-        let sent = Instant::now();
-        stream.append(input).await.unwrap();
-        ack_latencies.push(sent.elapsed().as_micros() as u64);
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    for append in appends {
+        ack_latencies.push(append.await.unwrap());
     }
     ack_latencies
+}
+
+/// Appends one record carrying its send time; returns the acknowledgement latency (µs).
+async fn append_timestamp(stream: &s2_sdk::S2Stream) -> u64 {
+    let body = now_micros().to_be_bytes().to_vec();
+    let input = AppendInput::new(
+        AppendRecordBatch::try_from_iter([AppendRecord::new(body).unwrap()]).unwrap(),
+    );
+    let sent = Instant::now();
+    stream.append(input).await.unwrap();
+    sent.elapsed().as_micros() as u64
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -126,13 +166,13 @@ async fn main() {
             let stream = sdk_client(&server)
                 .basin(basin_name.clone())
                 .stream(name.clone());
-            let records = args.records;
+            let (records, rate) = (args.records, args.rate);
             std::thread::spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .unwrap();
-                runtime.block_on(append_timestamps(stream, records))
+                runtime.block_on(append_timestamps(stream, records, rate))
             })
         };
         let mut ack_latencies = tokio::task::spawn_blocking(move || writer.join().unwrap())
@@ -150,7 +190,8 @@ async fn main() {
         delivered.sort_unstable();
         ack_latencies.sort_unstable();
         println!(
-            "{readers} tailing readers: append ack p50 {:.2} ms; delivery after append p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms ({} deliveries in {:.1} s); server RSS {} MiB -> {} MiB idle = {:.1} KiB per idle reader; CPU while delivering: server {:.0}%, load generator {:.0}% of one core ({} cores)",
+            "{readers} tailing readers{}: append ack p50 {:.2} ms; delivery after append p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms ({} deliveries in {:.1} s); server RSS {} MiB -> {} MiB idle = {:.1} KiB per idle reader; CPU while delivering: server {:.0}%, load generator {:.0}% of one core ({} cores)",
+            args.rate.map_or(String::new(), |rate| format!(", {rate} records/s on a clock")),
             percentile(&ack_latencies, 0.5),
             percentile(&delivered, 0.5),
             percentile(&delivered, 0.99),
