@@ -1,7 +1,8 @@
 //! Operator metrics (`--metrics-listen`) against the real binary: after known requests
 //! over REST, RESP and OTLP, the Prometheus endpoint counts them per front end,
 //! operation and outcome with latency histograms, and shows the WAL, the stores,
-//! compaction, open sessions and the build; without the flag nothing listens.
+//! compaction, open sessions (closed when their client goes away) and the build; without
+//! the flag nothing listens.
 
 use std::time::Duration;
 
@@ -158,7 +159,29 @@ async fn requests_stores_and_sessions_are_counted_for_prometheus() {
         Some(1.0)
     );
     assert!(text.contains("# HELP streamgate_requests_total"));
+
+    // A client that goes away ends its session on the server (the body it was reading
+    // is dropped with the connection's stream), long before the session's own 30 s
+    // idle timeout would have.
     drop(follower);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = reqwest::get(&metrics_url)
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let open = sample(&text, "streamgate_open_sessions{kind=\"sse\"}");
+        if open == Some(0.0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the SSE session is still open 10 s after its client went away: {open:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Off by default: the banner says how to turn it on, and nothing else listens.
     let off_dir = tempfile::tempdir().unwrap();
