@@ -24,8 +24,9 @@ const RETAINED_CAPACITY: usize = GATHER_LIMIT;
 
 /// Whether tasks are waiting in the runtime's shared queue: a worker's own queue
 /// overflows into it when a wake-up makes many tasks ready at once (a record for thousands
-/// of followers). Otherwise a flush does not yield: a yield costs a lone request tens of
-/// microseconds (another worker is woken to take the yielded task) and gathers nothing.
+/// of followers). Otherwise neither a flush nor a woken read session yields: a yield costs
+/// a lone request tens of microseconds (another worker is woken to take the yielded task)
+/// and gathers nothing.
 pub(crate) fn runtime_is_backlogged() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|runtime| runtime.metrics().global_queue_depth() > 0)

@@ -12,6 +12,16 @@ use streamgate_tests::{client, create_streams, resp, Server, ROOT_TOKEN};
 
 const BASIN: &str = "operator-basin";
 
+/// The Prometheus endpoint's text as it is now.
+async fn scrape(metrics_url: &str) -> String {
+    reqwest::get(metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn requests_stores_and_sessions_are_counted_for_prometheus() {
     let dir = tempfile::tempdir().unwrap();
@@ -75,12 +85,7 @@ async fn requests_stores_and_sessions_are_counted_for_prometheus() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
-    let text = reqwest::get(&metrics_url)
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = scrape(&metrics_url).await;
     let rest = |op: &str, outcome: &str| {
         sample(
             &text,
@@ -166,12 +171,7 @@ async fn requests_stores_and_sessions_are_counted_for_prometheus() {
     drop(follower);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let text = reqwest::get(&metrics_url)
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = scrape(&metrics_url).await;
         let open = sample(&text, "streamgate_open_sessions{kind=\"sse\"}");
         if open == Some(0.0) {
             break;
