@@ -8,7 +8,10 @@
 #
 # Prints one table row per (connections, pipeline) with the ratio streamgate / durable
 # Redis, how streamgate grouped the XADDs (per WAL chunk, and each chunk's mean put, from
-# its metrics endpoint), and the CPU time each server spent per XADD (from /proc).
+# its metrics endpoint), the CPU time each server spent per XADD (from /proc), and the
+# CPU time redis-benchmark itself spent per XADD against each: the client shares the
+# cores, so with one command at a time per connection, a row's rate is about the cores
+# divided by the client's and the server's CPU per XADD together.
 # Exits non-zero, saying why, when a server does not start or a run prints no rate.
 #
 # CONNECTIONS="1 8" picks the connection counts; RUN_TIMEOUT_SECS bounds each run (600);
@@ -60,14 +63,23 @@ for port in 16391 16392; do
   redis-cli -p "$port" ping >/dev/null || { echo "resp-bench: redis-server on port $port did not start" >&2; exit 1; }
 done
 
-# One redis-benchmark run: "<requests/s> <p50 ms>", or nothing when it printed no rate.
+# One redis-benchmark run: "<requests/s> <p50 ms> <the client's CPU µs per XADD>"; stops
+# the script when it printed no rate.
 run() {
   local label="$1" clients="$2" depth="$3" key="$4"
   shift 4
-  local out rate p50
+  local out rate p50 client_cpu
   # Bounded: redis-benchmark retries a lost server for ever.
   out="$(timeout "${RUN_TIMEOUT_SECS:-600}" redis-benchmark "$@" -c "$clients" -P "$depth" \
     -n "$requests" --csv XADD "$key" '*' field value-of-sixteen-b 2>/dev/null || true)"
+  # The load generator shares the machine's cores with the servers, so its CPU bounds
+  # the unpipelined rows: `times` gives this function's (a subshell's) reaped children,
+  # that is the run just made, as "XmY.YYYs" user and system time on its second line.
+  # `times` runs here, not in a pipeline's fork, which would have no children of its own.
+  times >"$work/times"
+  client_cpu="$(awk -v n="$requests" 'NR == 2 {
+    for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); total += t[1] * 60 + t[2] }
+    printf "%.0f", total * 1e6 / n }' "$work/times")"
   # --csv: a header line, then "test","rps","avg","min","p50",...
   rate="$(echo "$out" | awk -F'"' 'NR==2 {print $4}')"
   p50="$(echo "$out" | awk -F'"' 'NR==2 {print $10}')"
@@ -76,7 +88,7 @@ run() {
     echo "$out" >&2
     exit 1
   fi
-  echo "$rate $p50"
+  echo "$rate $p50 $client_cpu"
 }
 
 # The WAL's chunk writes so far: "<count> <seconds>", from streamgate's metrics. The
@@ -152,12 +164,13 @@ for depth in 1 "$pipeline"; do
     cpu_after="$(cpu_ticks "$durable_pid")"
     dur_cpu="$(cpu_per_xadd "$cpu_before" "$cpu_after")"
     mem_run="$(run "in-memory Redis" "$clients" "$depth" "bench-$clients-$depth" -p 16392)"
-    read -r sg sg50 <<<"$sg_run"
-    read -r dur dur50 <<<"$dur_run"
-    read -r mem _ <<<"$mem_run"
+    read -r sg sg50 sg_client <<<"$sg_run"
+    read -r dur dur50 dur_client <<<"$dur_run"
+    read -r mem _ _ <<<"$mem_run"
     ratio="$(awk -v a="$sg" -v b="$dur" 'BEGIN {printf "%.2f×", a / b}')"
-    row="$(printf '| %s | %s | %.0f/s, p50 %s ms | %s | %.0f/s, p50 %s ms | %s | %s / %s µs | %.0f/s |' \
-      "$clients" "$depth" "$sg" "$sg50" "$grouping" "$dur" "$dur50" "$ratio" "$sg_cpu" "$dur_cpu" "$mem")"
+    row="$(printf '| %s | %s | %.0f/s, p50 %s ms | %s | %.0f/s, p50 %s ms | %s | %s / %s µs | %s / %s µs | %.0f/s |' \
+      "$clients" "$depth" "$sg" "$sg50" "$grouping" "$dur" "$dur50" "$ratio" "$sg_cpu" "$dur_cpu" \
+      "$sg_client" "$dur_client" "$mem")"
     echo "resp-bench: measured $row" >&2
     rows+="$row"$'\n'
   done
@@ -165,6 +178,6 @@ done
 
 echo "$requests XADDs per run; rates in XADD/s, p50 in ms; streamgate started the rows with $recycled recycled files"
 echo
-echo "| connections | pipeline | streamgate (durable) | XADDs per chunk, mean put | Redis, appendfsync always | ratio | server CPU per XADD (streamgate / Redis) | Redis, in memory |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| connections | pipeline | streamgate (durable) | XADDs per chunk, mean put | Redis, appendfsync always | ratio | server CPU per XADD (streamgate / Redis) | redis-benchmark's CPU per XADD (against streamgate / Redis) | Redis, in memory |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 printf '%s' "$rows"
