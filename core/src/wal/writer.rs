@@ -237,7 +237,7 @@ impl WalWriter {
                 // sockets, before the next small chunk is cut. Clients whose next
                 // commands are in by then share it rather than wait a whole put for the
                 // one after: with 50 connections sending one XADD at a time, 24 XADDs per
-                // chunk instead of 15, and 15% more XADDs a second (BENCHMARKS.md). A
+                // chunk instead of 15, and 13% more XADDs a second (BENCHMARKS.md). A
                 // lone client's chunks hold one append each, so it never waits here.
                 let clients_take_turns = std::mem::take(&mut self.released_several)
                     && in_flight.is_empty()
