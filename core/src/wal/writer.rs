@@ -455,11 +455,11 @@ impl WalWriter {
         // Only now may compaction take the chunk: its batches are where readers
         // look, so compaction's hand-over to segments replaces them.
         self.released.send_modify(|released| *released += 1);
+        self.released_several = flight.appends.len() > 1;
         // Acknowledgements before followers: a stream with thousands of followers wakes
         // thousands of tasks, and the appender's own task would wait behind them all.
         // What is acknowledged is already visible: a read after the acknowledgement sees
         // it whether or not its followers were woken yet.
-        self.released_several = flight.appends.len() > 1;
         let mut followed = Vec::with_capacity(flight.appends.len());
         for append in flight.appends {
             let ack = AppendAck {
