@@ -218,9 +218,8 @@ impl WalWriter {
             let only_group_ops = pending
                 .iter()
                 .all(|append| append.batch.kind == EntryKind::GroupOps);
-            let keep_company = !in_flight.is_empty()
-                && open
-                && (only_group_ops || pending_bytes < self.settings.parallel_min_bytes);
+            let small = pending_bytes < self.settings.parallel_min_bytes;
+            let keep_company = !in_flight.is_empty() && open && (only_group_ops || small);
             if !pending.is_empty()
                 && can_flush
                 && !keep_company
@@ -239,9 +238,9 @@ impl WalWriter {
                 // one after: with 50 connections sending one XADD at a time, 24 XADDs per
                 // chunk instead of 15, and 13% more XADDs a second (BENCHMARKS.md). A
                 // lone client's chunks hold one append each, so it never waits here.
-                let clients_take_turns = std::mem::take(&mut self.released_several)
-                    && in_flight.is_empty()
-                    && pending_bytes < self.settings.parallel_min_bytes;
+                // (While the log is open, a small chunk is cut only with nothing in
+                // flight: see `keep_company`.)
+                let clients_take_turns = std::mem::take(&mut self.released_several) && small;
                 if open && (only_group_ops || clients_take_turns) {
                     tokio::task::yield_now().await;
                 }
