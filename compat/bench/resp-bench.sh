@@ -10,8 +10,9 @@
 # Redis, how streamgate grouped the XADDs (per WAL chunk, and each chunk's mean put, from
 # its metrics endpoint), the CPU time each server spent per XADD (from /proc), and the
 # CPU time redis-benchmark itself spent per XADD against each: the client shares the
-# cores, so with one command at a time per connection, a row's rate is about the cores
-# divided by the client's and the server's CPU per XADD together.
+# cores, so no row can go faster than the cores divided by the client's and the server's
+# CPU per XADD together (the unpipelined rows measured so far stay well below that: they
+# wait for the disk, not for CPU).
 # Exits non-zero, saying why, when a server does not start or a run prints no rate.
 #
 # CONNECTIONS="1 8" picks the connection counts; RUN_TIMEOUT_SECS bounds each run (600);
@@ -73,7 +74,7 @@ run() {
   out="$(timeout "${RUN_TIMEOUT_SECS:-600}" redis-benchmark "$@" -c "$clients" -P "$depth" \
     -n "$requests" --csv XADD "$key" '*' field value-of-sixteen-b 2>/dev/null || true)"
   # The load generator shares the machine's cores with the servers, so its CPU bounds
-  # the unpipelined rows: `times` gives this function's (a subshell's) reaped children,
+  # every row: `times` gives this function's (a subshell's) reaped children,
   # that is the run just made, as "XmY.YYYs" user and system time on its second line.
   # `times` runs here, not in a pipeline's fork, which would have no children of its own.
   times >"$work/times"
