@@ -97,6 +97,10 @@ pub fn describe() {
         "Open S2S sessions and SSE reads, by kind."
     );
     describe_gauge!("streamgate_resp_connections", "Open RESP connections.");
+    describe_gauge!(
+        "streamgate_wal_log_chunks",
+        "WAL chunks held in the local directory's chunk log, not yet compacted away."
+    );
     describe_counter!(
         "streamgate_otlp_exports_total",
         "OTLP exports, by signal and outcome (ok: stored, in whole or in part)."
@@ -137,6 +141,10 @@ pub(crate) fn wal_flush(bytes: usize, took: Duration) {
     counter!("streamgate_wal_flushes_total").increment(1);
     counter!("streamgate_wal_flushed_bytes_total").increment(bytes as u64);
     histogram!("streamgate_wal_flush_duration_seconds").record(took.as_secs_f64());
+}
+
+pub(crate) fn wal_log_chunks(count: usize) {
+    gauge!("streamgate_wal_log_chunks").set(count as f64);
 }
 
 pub(crate) fn metadata_call(operation: &'static str, ok: bool, took: Duration) {

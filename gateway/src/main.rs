@@ -59,6 +59,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
         )
     })?;
     let _lock = lock_data_dir(&args.data_dir)?;
+    // The metrics endpoint first, so that what opening the stores and recovery report
+    // (the chunk log's chunks, say) is recorded, and an operator can watch a long start.
+    let metrics_listener = match args.metrics_listen.as_str() {
+        "off" | "" => None,
+        listen => {
+            let address: std::net::SocketAddr = listen.parse().with_context(|| {
+                format!("--metrics-listen: `{listen}` is not an address (or `off`)")
+            })?;
+            Some(operator_metrics::listen(address).await?)
+        }
+    };
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(|(l, _)| l.local_addr())
+        .transpose()?;
+    if let Some((listener, handle)) = metrics_listener {
+        tokio::spawn(operator_metrics::serve(listener, handle));
+    }
     let metadata_location = match &args.metadata {
         Some(url) => parse_store_url("metadata", url, "sqlite", &["postgres", "postgresql"])?,
         None => StoreLocation::Path(args.data_dir.join("metadata.db")),
@@ -207,22 +225,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         },
     };
     let resp_addr = resp_listener.as_ref().map(|l| l.local_addr()).transpose()?;
-    let metrics_listener = match args.metrics_listen.as_str() {
-        "off" | "" => None,
-        listen => {
-            let address: std::net::SocketAddr = listen.parse().with_context(|| {
-                format!("--metrics-listen: `{listen}` is not an address (or `off`)")
-            })?;
-            Some(operator_metrics::listen(address).await?)
-        }
-    };
-    let metrics_addr = metrics_listener
-        .as_ref()
-        .map(|(l, _)| l.local_addr())
-        .transpose()?;
-    if let Some((listener, handle)) = metrics_listener {
-        tokio::spawn(operator_metrics::serve(listener, handle));
-    }
     // Only nodes that share PostgreSQL and a bucket can form a cluster.
     let shared = matches!(metadata_location, StoreLocation::Server(_))
         && matches!(objects_location, StoreLocation::Server(_));

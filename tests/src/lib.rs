@@ -371,6 +371,16 @@ impl Server {
             .unwrap()
     }
 
+    /// The value of the metric `name` (without labels) at the Prometheus endpoint now.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let metrics = self.scrape_metrics().await;
+        let value = metrics.lines().find_map(|line| {
+            let (metric, value) = line.split_once(' ')?;
+            (metric == name).then(|| value.trim().parse().ok())?
+        });
+        value.unwrap_or_else(|| panic!("no {name} in the metrics:\n{metrics}"))
+    }
+
     pub fn set_env(&mut self, key: &str, value: Option<&str>) {
         self.env.retain(|(k, _)| k != key);
         if let Some(value) = value {

@@ -14,6 +14,11 @@
 //! millisecond of kernel CPU per chunk; reusing inodes frees none. A new process adopts
 //! the pool its predecessor left, rather than freeing it all at once.
 //!
+//! The WAL's small chunks written by `put_prepared_blocking` skip all that while they
+//! can: they are appended to the chunk log (`wal/.log/`, see [`ChunkLog`]), log files
+//! made ahead of time, where a put changes no metadata at all. The files above are for
+//! everything else, and for chunks that come while the log has no file ready.
+//!
 //! A crash during a put can leave a torn file behind, so every file ends with a footer
 //! (length, CRC-32, magic) and a file whose footer does not check out reads as absent:
 //! its put never returned, so it was never acknowledged. Replacing an existing object
@@ -32,6 +37,7 @@ use parking_lot::Mutex;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use super::chunk_log::{BlockBuffer, ChunkLog};
 use super::objects::ObjectStore;
 use crate::error::{Error, Result};
 
@@ -50,44 +56,40 @@ const FOOTER_MAGIC: &[u8; 4] = b"SGO2";
 /// The footer of files written before the key was checked: a CRC of the data alone.
 const FOOTER_MAGIC_DATA_ONLY: &[u8; 4] = b"SGO1";
 /// Files are written in whole blocks of this size, so that they can bypass the page cache.
-const BLOCK: usize = 4096;
+pub(super) const BLOCK: usize = 4096;
 /// The directory (under the root) of emptied files kept for reuse. No key can name it:
-/// keys never start with a dot.
+/// no part of a key starts with a dot.
 const RECYCLED_DIR: &str = ".recycled";
+/// The folder whose small blocking puts (the WAL writer's chunks) go to the chunk log
+/// (see [`ChunkLog`]), and the log's directory: inside it, so that the log is where the
+/// WAL's chunks are for anything that looks at that folder.
+const CHUNK_LOG_FOLDER: &str = "wal/";
+const CHUNK_LOG_DIR: &str = "wal/.log";
 /// Spare files kept at most; a delete beyond that unlinks. Compaction deletes the chunks
 /// of a whole interval (30 s by default) at once, which at a high rate of small appends
 /// is tens of thousands; an empty inode costs a few hundred bytes of disk.
 const MAX_RECYCLED: usize = 65_536;
 
 /// A file image: `data`, zero padding, footer; block-aligned in memory and in length.
-struct FileImage {
-    buffer: Vec<u8>,
-    start: usize,
-    len: usize,
-}
+struct FileImage(BlockBuffer);
 
 impl FileImage {
     /// The image of `data` as the object `key`.
     fn new(key: &str, data: &[u8]) -> Self {
         let len = (data.len() + FOOTER_LEN).div_ceil(BLOCK) * BLOCK;
-        // Filled by appending, so only the padding is zeroed (not the whole image first);
-        // the allocation stays where it is while the vector is within its capacity.
-        let mut buffer: Vec<u8> = Vec::with_capacity(len + BLOCK);
-        let start = buffer.as_ptr().align_offset(BLOCK);
-        buffer.resize(start, 0);
-        buffer.extend_from_slice(data);
-        buffer.resize(start + len - FOOTER_LEN, 0);
-        buffer.extend_from_slice(&(data.len() as u64).to_be_bytes());
-        buffer.extend_from_slice(&object_crc(key, data).to_be_bytes());
-        buffer.extend_from_slice(FOOTER_MAGIC);
-        debug_assert!(
-            buffer.len() == start + len && buffer[start..].as_ptr().align_offset(BLOCK) == 0
-        );
-        Self { buffer, start, len }
+        // Filled by appending, so only the padding is zeroed (not the whole image first).
+        let mut image = BlockBuffer::with_capacity(len);
+        image.extend(data);
+        image.pad_to(len - FOOTER_LEN);
+        image.extend(&(data.len() as u64).to_be_bytes());
+        image.extend(&object_crc(key, data).to_be_bytes());
+        image.extend(FOOTER_MAGIC);
+        debug_assert_eq!(image.len(), len);
+        Self(image)
     }
 
     fn bytes(&self) -> &[u8] {
-        &self.buffer[self.start..self.start + self.len]
+        self.0.bytes()
     }
 }
 
@@ -190,6 +192,8 @@ pub struct LocalDirObjectStore {
     preparer: Arc<OnceLock<mpsc::Sender<PrepareRequest>>>,
     /// Emptied files to reuse.
     spares: Arc<Spares>,
+    /// Where small blocking puts go while it has room.
+    log: Arc<ChunkLog>,
 }
 
 /// The pool of emptied files (under `.recycled/`) that prepares reuse.
@@ -258,7 +262,10 @@ impl LocalDirObjectStore {
         let spares_dir = root.join(RECYCLED_DIR);
         let spares = adopt_spares(&spares_dir).map_err(|e| io_error(&spares_dir, e))?;
         let next_spare = spares.iter().max().map_or(0, |n| n + 1);
+        let log_dir = root.join(CHUNK_LOG_DIR);
+        let log = ChunkLog::open(log_dir.clone()).map_err(|e| io_error(&log_dir, e))?;
         Ok(Self {
+            log: Arc::new(log),
             root,
             temp_counter: Arc::new(AtomicU64::new(0)),
             prepared: Arc::default(),
@@ -274,10 +281,9 @@ impl LocalDirObjectStore {
     fn path_of(&self, key: &str) -> Result<PathBuf> {
         if key.is_empty()
             || key.starts_with('/')
-            || key.starts_with('.')
             || key
                 .split('/')
-                .any(|part| part.is_empty() || part == "." || part == "..")
+                .any(|part| part.is_empty() || part.starts_with('.'))
             || key.ends_with(TEMP_SUFFIX)
         {
             return Err(Error::storage(format!("invalid object key `{key}`")));
@@ -285,8 +291,18 @@ impl LocalDirObjectStore {
         Ok(self.root.join(key))
     }
 
-    /// Puts `data` as the object `key`, whose file is at `path`.
+    /// Puts `data` as the object `key`, whose file is at `path`; a record of the key in
+    /// the chunk log is deleted for good once the file is durable (reads look for the
+    /// file first, so the new object is what they see at every step).
     fn put_blocking(&self, key: &str, path: &Path, data: &[u8]) -> Result<()> {
+        self.put_file_blocking(key, path, data)?;
+        if self.log.delete(key) {
+            self.log.sync_deletes().map_err(|e| io_error(path, e))?;
+        }
+        Ok(())
+    }
+
+    fn put_file_blocking(&self, key: &str, path: &Path, data: &[u8]) -> Result<()> {
         let image = FileImage::new(key, data);
         if self.prepared.lock().remove(path) {
             // Its directory entry is durable already: one fdatasync makes the data durable.
@@ -404,6 +420,8 @@ fn prepare_files(
 fn start_preparer(
     prepared: Arc<Mutex<HashSet<PathBuf>>>,
     spares: Arc<Spares>,
+    log: Arc<ChunkLog>,
+    log_folder: PathBuf,
 ) -> mpsc::Sender<PrepareRequest> {
     let (requests, received) = mpsc::channel::<PrepareRequest>();
     let spawned = std::thread::Builder::new()
@@ -416,7 +434,17 @@ fn start_preparer(
                 unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
             }
             for (paths, done) in received {
-                let _ = done.send(prepare_files(&prepared, &spares, paths));
+                // While the chunk log has room, the WAL's blocking puts go there and
+                // need no files.
+                let logged = |path: &PathBuf| path.starts_with(&log_folder);
+                let mut outcome = match log.has_room() && paths.iter().all(logged) {
+                    true => Ok(()),
+                    false => prepare_files(&prepared, &spares, paths),
+                };
+                if let Err(e) = log.replenish() {
+                    outcome = outcome.and(Err(io_error(log.dir(), e)));
+                }
+                let _ = done.send(outcome);
             }
         });
     if let Err(e) = spawned {
@@ -439,6 +467,7 @@ impl ObjectStore for LocalDirObjectStore {
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
         let path = self.path_of(key)?;
         let key = key.to_owned();
+        let log = self.log.clone();
         tokio::task::spawn_blocking(move || {
             let read = || -> std::io::Result<Option<Vec<u8>>> {
                 let mut file = File::open(&path)?;
@@ -447,12 +476,18 @@ impl ObjectStore for LocalDirObjectStore {
                 file.read_to_end(&mut data)?;
                 Ok(still_named(&opened, &path)?.then_some(data))
             };
-            match read() {
-                Ok(data) => Ok(data
-                    .and_then(|data| strip_footer(&key, data))
-                    .map(Bytes::from)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(io_error(&path, e)),
+            let from_file = match read() {
+                Ok(data) => data.and_then(|data| strip_footer(&key, data)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(io_error(&path, e)),
+            };
+            // No file holds it (a prepared file is empty): the chunk log may.
+            match from_file {
+                Some(data) => Ok(Some(Bytes::from(data))),
+                None => log
+                    .read(&key)
+                    .map(|data| data.map(Bytes::from))
+                    .map_err(|e| io_error(&path, e)),
             }
         })
         .await
@@ -461,8 +496,20 @@ impl ObjectStore for LocalDirObjectStore {
 
     async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
         let path = self.path_of(key)?;
+        let key = key.to_owned();
+        let log = self.log.clone();
         tokio::task::spawn_blocking(move || {
-            read_range(&path, range).map_err(|e| io_error(&path, e))
+            match read_range(&path, range.clone()) {
+                // No file holds it (a prepared file is empty): the chunk log may.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    let data = log.read(&key).map_err(|e| io_error(&path, e))?;
+                    let len = data.as_ref().map(|data| data.len() as u64);
+                    check_range(&range, len).map_err(|e| io_error(&path, e))?;
+                    let data = Bytes::from(data.expect("checked: the range lies in it"));
+                    Ok(data.slice(range.start as usize..range.end as usize))
+                }
+                read => read.map_err(|e| io_error(&path, e)),
+            }
         })
         .await
         .map_err(|e| Error::internal("a file task did not finish", e))?
@@ -471,10 +518,14 @@ impl ObjectStore for LocalDirObjectStore {
     async fn list(&self, prefix: &str) -> Result<Vec<String>> {
         let root = self.root.clone();
         let prefix = prefix.to_owned();
+        let log = self.log.clone();
         tokio::task::spawn_blocking(move || {
-            let mut keys = Vec::new();
+            let mut keys = log.keys(&prefix);
             collect_keys(&root, "", &prefix, &mut keys)?;
             keys.sort();
+            // A key in the log and in a file (a log append failed, then the put made
+            // the file) is one object.
+            keys.dedup();
             Ok(keys)
         })
         .await
@@ -485,7 +536,10 @@ impl ObjectStore for LocalDirObjectStore {
         let path = self.path_of(key)?;
         let prepared = self.prepared.clone();
         let spares = self.spares.clone();
+        let log = self.log.clone();
+        let key = key.to_owned();
         tokio::task::spawn_blocking(move || {
+            log.delete(&key);
             let removed = match spares.take_in(&path) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -502,7 +556,7 @@ impl ObjectStore for LocalDirObjectStore {
     }
 
     /// One fsync per directory the keys are in: an unlink is durable once its
-    /// directory is synced.
+    /// directory is synced; and the chunk log's deletions.
     async fn sync_deletes(&self, keys: &[String]) -> Result<()> {
         let mut dirs = BTreeSet::new();
         for key in keys {
@@ -513,7 +567,10 @@ impl ObjectStore for LocalDirObjectStore {
                     .to_owned(),
             );
         }
+        let log = self.log.clone();
+        let log_dir = self.root.join(CHUNK_LOG_DIR);
         tokio::task::spawn_blocking(move || {
+            log.sync_deletes().map_err(|e| io_error(&log_dir, e))?;
             dirs.into_iter().try_for_each(|dir| match File::open(&dir) {
                 Ok(handle) => handle.sync_all().map_err(|e| io_error(&dir, e)),
                 // The directory is gone (an empty one removed): nothing in it to sync.
@@ -529,8 +586,15 @@ impl ObjectStore for LocalDirObjectStore {
         format!("local directory {}", self.root.display())
     }
 
+    /// Appends to the chunk log while it has room; else writes into the key's prepared
+    /// file.
     fn put_prepared_blocking(&self, key: &str, data: &[u8]) -> Option<Result<()>> {
         let path = self.path_of(key).ok()?;
+        if key.starts_with(CHUNK_LOG_FOLDER) {
+            if let Some(appended) = self.log.append(key, data) {
+                return Some(appended.map_err(|e| io_error(&path, e)));
+            }
+        }
         // Should another put take the mark first, this one takes the general path.
         if !self.prepared.lock().contains(&path) {
             return None;
@@ -543,9 +607,14 @@ impl ObjectStore for LocalDirObjectStore {
             .iter()
             .map(|key| self.path_of(key))
             .collect::<Result<Vec<_>>>()?;
-        let preparer = self
-            .preparer
-            .get_or_init(|| start_preparer(self.prepared.clone(), self.spares.clone()));
+        let preparer = self.preparer.get_or_init(|| {
+            start_preparer(
+                self.prepared.clone(),
+                self.spares.clone(),
+                self.log.clone(),
+                self.root.join(CHUNK_LOG_FOLDER),
+            )
+        });
         let stopped = || Error::storage("the file preparer thread is not running");
         let (done, outcome) = tokio::sync::oneshot::channel();
         preparer.send((paths, done)).map_err(|_| stopped())?;
@@ -603,7 +672,9 @@ fn collect_keys(dir: &Path, rel: &str, prefix: &str, keys: &mut Vec<String>) -> 
         } else {
             format!("{rel}/{name}")
         };
-        if rel.is_empty() && name == RECYCLED_DIR {
+        // No key names the spare pool or the chunk log (no part of a key starts with
+        // a dot); the log's keys are listed from its index.
+        if name.starts_with('.') {
             continue;
         }
         let file_type = entry.file_type().map_err(|e| io_error(&entry.path(), e))?;
@@ -689,7 +760,8 @@ fn remove_leftovers(dir: &Path) -> Result<()> {
     for entry in fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
         let entry = entry.map_err(|e| io_error(dir, e))?;
         let path = entry.path();
-        if entry.file_name() == RECYCLED_DIR {
+        // The spare pool and the chunk log look after their own files.
+        if entry.file_name().to_string_lossy().starts_with('.') {
             continue;
         }
         if entry.file_type().map_err(|e| io_error(&path, e))?.is_dir() {
@@ -721,6 +793,10 @@ fn read_range(path: &Path, range: Range<u64>) -> std::io::Result<Bytes> {
     let mut file = File::open(path)?;
     let opened = file.metadata()?;
     let file_len = opened.len();
+    if file_len == 0 {
+        // A prepared file, not an object.
+        return Err(std::io::ErrorKind::NotFound.into());
+    }
     let mut footer = [0u8; FOOTER_LEN];
     file.seek(SeekFrom::Start(file_len.saturating_sub(FOOTER_LEN as u64)))?;
     file.read_exact(&mut footer)?;
@@ -861,38 +937,44 @@ mod tests {
     #[tokio::test]
     async fn deleted_files_are_reused_by_prepares_and_never_read_as_their_old_key() {
         use std::os::unix::fs::MetadataExt;
-        let (dir, store) = store_holding("wal/1", b"first").await;
-        let inode = fs::metadata(dir.path().join("wal/1")).unwrap().ino();
+        let (dir, store) = store_holding("chunks/1", b"first").await;
+        let inode = fs::metadata(dir.path().join("chunks/1")).unwrap().ino();
         // A reader that opened the file before the delete.
-        let early_reader = File::open(dir.path().join("wal/1")).unwrap();
-        store.delete("wal/1").await.unwrap();
-        store.sync_deletes(&["wal/1".into()]).await.unwrap();
-        assert_eq!(store.get("wal/1").await.unwrap(), None);
-        store.prepare(&["wal/2".into()]).await.unwrap();
+        let early_reader = File::open(dir.path().join("chunks/1")).unwrap();
+        store.delete("chunks/1").await.unwrap();
+        store.sync_deletes(&["chunks/1".into()]).await.unwrap();
+        assert_eq!(store.get("chunks/1").await.unwrap(), None);
+        store.prepare(&["chunks/2".into()]).await.unwrap();
         assert_eq!(
-            fs::metadata(dir.path().join("wal/2")).unwrap().ino(),
+            fs::metadata(dir.path().join("chunks/2")).unwrap().ino(),
             inode,
             "the prepare reused the deleted file"
         );
         store
-            .put("wal/2", Bytes::from_static(b"second"))
+            .put("chunks/2", Bytes::from_static(b"second"))
             .await
             .unwrap();
-        assert_eq!(store.get("wal/2").await.unwrap().unwrap(), &b"second"[..]);
+        assert_eq!(
+            store.get("chunks/2").await.unwrap().unwrap(),
+            &b"second"[..]
+        );
         // The early reader's file now holds another object: it is not `wal/1` any more.
         let opened = early_reader.metadata().unwrap();
-        assert!(!still_named(&opened, &dir.path().join("wal/1")).unwrap());
-        assert_eq!(store.list("").await.unwrap(), vec!["wal/2".to_string()]);
+        assert!(!still_named(&opened, &dir.path().join("chunks/1")).unwrap());
+        assert_eq!(store.list("").await.unwrap(), vec!["chunks/2".to_string()]);
         // Spares are not objects, and a new process adopts them: its first prepare
         // reuses the file again. A spare name whose inode has another name (a crash
         // between linking a spare in and unlinking its spare name) is dropped instead.
-        store.delete("wal/2").await.unwrap();
+        store.delete("chunks/2").await.unwrap();
         drop(store);
-        fs::write(dir.path().join("wal/3-object"), b"an object's bytes").unwrap();
+        fs::write(dir.path().join("chunks/3-object"), b"an object's bytes").unwrap();
         let linked_spare = dir.path().join(RECYCLED_DIR).join("77");
-        fs::hard_link(dir.path().join("wal/3-object"), &linked_spare).unwrap();
+        fs::hard_link(dir.path().join("chunks/3-object"), &linked_spare).unwrap();
         let reopened = LocalDirObjectStore::open(dir.path()).unwrap();
-        assert_eq!(reopened.list("wal/2").await.unwrap(), Vec::<String>::new());
+        assert_eq!(
+            reopened.list("chunks/2").await.unwrap(),
+            Vec::<String>::new()
+        );
         assert!(
             !linked_spare.exists(),
             "a spare with another name is dropped"
@@ -905,14 +987,14 @@ mod tests {
             reopened.get(".recycled/0").await.is_err(),
             "no key names the pool"
         );
-        reopened.prepare(&["wal/4".into()]).await.unwrap();
+        reopened.prepare(&["chunks/4".into()]).await.unwrap();
         assert_eq!(
-            fs::metadata(dir.path().join("wal/4")).unwrap().ino(),
+            fs::metadata(dir.path().join("chunks/4")).unwrap().ino(),
             inode,
             "the new process's prepare reused the file"
         );
         assert_eq!(
-            fs::read(dir.path().join("wal/3-object")).unwrap(),
+            fs::read(dir.path().join("chunks/3-object")).unwrap(),
             b"an object's bytes",
             "the other name's file is untouched"
         );
@@ -923,17 +1005,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalDirObjectStore::open(dir.path()).unwrap();
         store
-            .put("wal/1", Bytes::from_static(b"one"))
+            .put("chunks/1", Bytes::from_static(b"one"))
             .await
             .unwrap();
-        store.delete("wal/1").await.unwrap();
+        store.delete("chunks/1").await.unwrap();
         fs::remove_file(dir.path().join(RECYCLED_DIR).join("0")).unwrap();
-        for key in ["wal/2", "wal/3"] {
+        for key in ["chunks/2", "chunks/3"] {
             store.prepare(&[key.into()]).await.unwrap();
             assert!(dir.path().join(key).exists(), "{key} is prepared");
             store.put(key, Bytes::from_static(b"data")).await.unwrap();
         }
-        assert_eq!(store.list("wal/").await.unwrap(), ["wal/2", "wal/3"]);
+        assert_eq!(
+            store.list("chunks/").await.unwrap(),
+            ["chunks/2", "chunks/3"]
+        );
     }
 
     #[tokio::test]
@@ -992,86 +1077,87 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let store = LocalDirObjectStore::open(dir.path()).unwrap();
-        let keys: Vec<String> = (0..4).map(|n| format!("wal/9/{n}")).collect();
+        let keys: Vec<String> = (0..4).map(|n| format!("chunks/9/{n}")).collect();
         store.prepare(&keys).await.unwrap();
         let path = |key: &str| dir.path().join(key);
         let inode = |key: &str| fs::metadata(path(key)).unwrap().ino();
         let is_marked = |key: &str| store.prepared.lock().contains(&path(key));
-        let prepared = inode("wal/9/0");
+        let prepared = inode("chunks/9/0");
         assert!(keys.iter().all(|key| is_marked(key)));
         assert!(store.list("").await.unwrap().is_empty());
 
         // The fast path: the mark is consumed and the prepared file written.
         store
-            .put("wal/9/0", Bytes::from_static(b"data"))
+            .put("chunks/9/0", Bytes::from_static(b"data"))
             .await
             .unwrap();
-        assert!(!is_marked("wal/9/0"), "the put took the prepared path");
-        assert_eq!(inode("wal/9/0"), prepared);
-        assert_eq!(store.list("").await.unwrap(), vec!["wal/9/0"]);
+        assert!(!is_marked("chunks/9/0"), "the put took the prepared path");
+        assert_eq!(inode("chunks/9/0"), prepared);
+        assert_eq!(store.list("").await.unwrap(), vec!["chunks/9/0"]);
         // A second put of the same key replaces the object, as for any key.
         store
-            .put("wal/9/0", Bytes::from_static(b"again"))
+            .put("chunks/9/0", Bytes::from_static(b"again"))
             .await
             .unwrap();
         assert_eq!(
-            store.get("wal/9/0").await.unwrap(),
+            store.get("chunks/9/0").await.unwrap(),
             Some(Bytes::from_static(b"again"))
         );
 
         // An empty file not marked prepared (a prepare still under way) is written in
         // place by the general path.
-        fs::File::create(path("wal/9/7")).unwrap();
-        let unmarked = inode("wal/9/7");
+        fs::File::create(path("chunks/9/7")).unwrap();
+        let unmarked = inode("chunks/9/7");
         store
-            .put("wal/9/7", Bytes::from_static(b"raced"))
+            .put("chunks/9/7", Bytes::from_static(b"raced"))
             .await
             .unwrap();
-        assert_eq!(inode("wal/9/7"), unmarked);
+        assert_eq!(inode("chunks/9/7"), unmarked);
         assert_eq!(
-            store.get("wal/9/7").await.unwrap(),
+            store.get("chunks/9/7").await.unwrap(),
             Some(Bytes::from_static(b"raced"))
         );
 
         // A mark whose file is gone (a delete that raced the prepare, which may mark
         // after the delete's unmark) sends the put down the general path: it creates
         // the file and the object is there.
-        fs::remove_file(path("wal/9/3")).unwrap();
-        assert!(is_marked("wal/9/3"));
+        fs::remove_file(path("chunks/9/3")).unwrap();
+        assert!(is_marked("chunks/9/3"));
         store
-            .put("wal/9/3", Bytes::from_static(b"stale mark"))
+            .put("chunks/9/3", Bytes::from_static(b"stale mark"))
             .await
             .unwrap();
-        assert!(!is_marked("wal/9/3"));
+        assert!(!is_marked("chunks/9/3"));
         assert_eq!(
-            store.get("wal/9/3").await.unwrap(),
+            store.get("chunks/9/3").await.unwrap(),
             Some(Bytes::from_static(b"stale mark"))
         );
 
         drop(store);
         let store = LocalDirObjectStore::open(dir.path()).unwrap();
-        assert!(!path("wal/9/1").exists());
-        assert!(!path("wal/9/2").exists());
+        assert!(!path("chunks/9/1").exists());
+        assert!(!path("chunks/9/2").exists());
         assert_eq!(
             store.list("").await.unwrap(),
-            vec!["wal/9/0", "wal/9/3", "wal/9/7"]
+            vec!["chunks/9/0", "chunks/9/3", "chunks/9/7"]
         );
         // A key an earlier process prepared (its file removed on open) is created anew.
         store
-            .put("wal/9/1", Bytes::from_static(b"late"))
+            .put("chunks/9/1", Bytes::from_static(b"late"))
             .await
             .unwrap();
         assert_eq!(
-            store.get("wal/9/1").await.unwrap(),
+            store.get("chunks/9/1").await.unwrap(),
             Some(Bytes::from_static(b"late"))
         );
     }
 
     #[tokio::test]
-    async fn a_blocking_put_writes_only_prepared_keys() {
+    async fn a_blocking_put_goes_to_the_chunk_log_and_reads_like_any_object() {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalDirObjectStore::open(dir.path()).unwrap();
-        // Not prepared (or not a key at all): nothing done, the caller puts the usual way.
+        // Before any prepare there is no log file and no prepared file: nothing done,
+        // the caller puts the usual way.
         assert!(store.put_prepared_blocking("wal/5/0", b"data").is_none());
         assert!(store.put_prepared_blocking("../x", b"data").is_none());
         assert!(!dir.path().join("wal/5/0").exists());
@@ -1079,13 +1165,82 @@ mod tests {
         store.prepare(&["wal/5/0".into()]).await.unwrap();
         let put = store.put_prepared_blocking("wal/5/0", b"data");
         assert!(matches!(put, Some(Ok(()))), "{put:?}");
-        assert!(!store.prepared.lock().contains(&dir.path().join("wal/5/0")));
+        store
+            .put("wal/5/1", Bytes::from_static(b"a file"))
+            .await
+            .unwrap();
+        // The chunk went into the log, not into a file of its own.
+        assert_eq!(
+            fs::metadata(dir.path().join("wal/5/0"))
+                .map(|m| m.len())
+                .ok(),
+            Some(0)
+        );
         assert_eq!(
             store.get("wal/5/0").await.unwrap(),
             Some(Bytes::from_static(b"data"))
         );
-        // The mark is spent: a second put of the key goes the usual way.
-        assert!(store.put_prepared_blocking("wal/5/0", b"again").is_none());
+        assert_eq!(
+            store.get_range("wal/5/0", 1..3).await.unwrap(),
+            Bytes::from_static(b"at")
+        );
+        assert!(store.get_range("wal/5/0", 1..5).await.is_err());
+        assert_eq!(store.list("wal/").await.unwrap(), ["wal/5/0", "wal/5/1"]);
+        drop(store);
+
+        let reopened = LocalDirObjectStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.list("wal/").await.unwrap(), ["wal/5/0", "wal/5/1"]);
+        assert_eq!(
+            reopened.get("wal/5/0").await.unwrap(),
+            Some(Bytes::from_static(b"data"))
+        );
+        // A put of the same key the usual way replaces it.
+        reopened
+            .put("wal/5/0", Bytes::from_static(b"new"))
+            .await
+            .unwrap();
+        assert_eq!(
+            reopened.get("wal/5/0").await.unwrap(),
+            Some(Bytes::from_static(b"new"))
+        );
+        reopened.delete("wal/5/0").await.unwrap();
+        reopened.delete("wal/5/1").await.unwrap();
+        reopened
+            .sync_deletes(&["wal/5/0".into(), "wal/5/1".into()])
+            .await
+            .unwrap();
+        assert_eq!(reopened.get("wal/5/0").await.unwrap(), None);
+        drop(reopened);
+        let reopened = LocalDirObjectStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.list("").await.unwrap(), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn with_the_chunk_log_full_a_blocking_put_writes_only_prepared_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirObjectStore::open(dir.path()).unwrap();
+        store.prepare(&["wal/5/0".into()]).await.unwrap();
+        // Fill the log's files: records of 60 KiB, then of a block.
+        let mut n = 100;
+        for size in [60 << 10, 100] {
+            loop {
+                n += 1;
+                let key = format!("wal/4/{n}");
+                if store.put_prepared_blocking(&key, &vec![1; size]).is_none() {
+                    break;
+                }
+            }
+        }
+        let put = store.put_prepared_blocking("wal/5/0", b"data");
+        assert!(matches!(put, Some(Ok(()))), "{put:?}");
+        assert!(!store.prepared.lock().contains(&dir.path().join("wal/5/0")));
+        assert!(fs::metadata(dir.path().join("wal/5/0")).unwrap().len() > 0);
+        assert_eq!(
+            store.get("wal/5/0").await.unwrap(),
+            Some(Bytes::from_static(b"data"))
+        );
+        // Not prepared: nothing done, the caller puts the usual way.
+        assert!(store.put_prepared_blocking("wal/5/1", b"again").is_none());
         drop(store);
         let reopened = LocalDirObjectStore::open(dir.path()).unwrap();
         assert_eq!(

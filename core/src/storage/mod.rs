@@ -1,5 +1,6 @@
 //! The two storage traits of the engine and their implementations.
 
+mod chunk_log;
 pub mod cluster;
 pub mod deadline;
 pub mod local_dir;

@@ -33,16 +33,19 @@ pub trait ObjectStore: Send + Sync + 'static {
     fn describe(&self) -> String;
     /// Gets ready for puts of `keys` expected soon, where a store can do part of a put's
     /// work ahead of time. Puts never depend on it: a key put before (or without) its
-    /// preparation is stored the usual way. The local directory creates the files and
-    /// makes their directory entries durable, so that such a put costs one `fdatasync`.
+    /// preparation is stored the usual way. The local directory makes log files for its
+    /// chunk log ahead of the one being written, and while that log has no room,
+    /// creates the keys' files and makes their directory entries durable, so that such
+    /// a put costs one `fdatasync`.
     /// This creates no object: `get` and `list` see a key once it is put.
     async fn prepare(&self, _keys: &[String]) -> Result<()> {
         Ok(())
     }
     /// Puts a prepared key's object on the calling thread, where that is one short
-    /// blocking write (the local directory: a write and an `fdatasync` into the file
-    /// `prepare` made), with the guarantees of `put`. `None`, having done nothing, where
-    /// the store has no such put or `key` is not prepared: the caller uses `put`. The WAL
+    /// blocking write (the local directory: an append and an `fdatasync` to its chunk
+    /// log, or a write and an `fdatasync` into the file `prepare` made), with the
+    /// guarantees of `put`. `None`, having done nothing, where the store has no such put
+    /// or `key` is not prepared: the caller uses `put`. The WAL
     /// writer puts its small chunks this way when nothing else is being written, so that
     /// an append waits for the disk alone, not for hand-offs between threads as well.
     fn put_prepared_blocking(&self, _key: &str, _data: &[u8]) -> Option<Result<()>> {
