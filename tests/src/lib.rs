@@ -371,6 +371,14 @@ impl Server {
             .unwrap()
     }
 
+    /// The WAL chunks a server on the local-directory backend (with `--metrics-listen`)
+    /// holds now: files of their own under `objects_dir/wal`, and records in its chunk
+    /// log (from its metrics). 0 once compaction has caught up.
+    pub async fn local_wal_chunks(&self, objects_dir: &Path) -> usize {
+        object_files(&objects_dir.join("wal"))
+            + self.metric("streamgate_wal_log_chunks").await as usize
+    }
+
     /// The value of the metric `name` (without labels) at the Prometheus endpoint now.
     pub async fn metric(&self, name: &str) -> f64 {
         let metrics = self.scrape_metrics().await;
@@ -626,4 +634,23 @@ pub mod wire {
         }
         out
     }
+}
+
+/// The objects a local-directory store keeps under `dir`: its non-empty files at any
+/// depth (empty ones are prepared for coming puts), leaving out the directories whose
+/// names start with a dot (the spare pool, the chunk log), whose files are kept for
+/// reuse and are not objects.
+pub fn object_files(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|entry| !entry.file_name().to_string_lossy().starts_with('.'))
+        .map(|entry| match entry.metadata() {
+            Ok(metadata) if metadata.is_dir() => object_files(&entry.path()),
+            Ok(metadata) => usize::from(metadata.len() > 0),
+            Err(_) => 0,
+        })
+        .sum()
 }

@@ -558,24 +558,9 @@ fn local_objects(dir: &std::path::Path, prefix: &str) -> Option<usize> {
     if streamgate_tests::backends::s3_url(dir).is_some() {
         return None;
     }
-    fn count(path: &std::path::Path) -> usize {
-        match std::fs::read_dir(path) {
-            Ok(entries) => entries
-                .map(|e| e.unwrap().path())
-                // The chunk log's files (`wal/.log`) hold many chunks each, and stay to
-                // be reused: its chunks are counted by the server (`wal_log_chunks`).
-                .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
-                .map(|p| match p.metadata() {
-                    Ok(m) if m.is_dir() => count(&p),
-                    // Empty files are prepared for coming puts, not objects.
-                    Ok(m) => usize::from(m.len() > 0),
-                    Err(_) => 0,
-                })
-                .sum(),
-            Err(_) => 0,
-        }
-    }
-    Some(count(&dir.join("objects").join(prefix)))
+    Some(streamgate_tests::object_files(
+        &dir.join("objects").join(prefix),
+    ))
 }
 
 /// Appends from unary clients until the server goes away (which `killing` is told
@@ -674,9 +659,7 @@ async fn a_crash_in_the_middle_of_compaction_loses_nothing() {
         server.restart();
         if local_objects(dir.path(), "wal").is_some() {
             let mut waited = 0;
-            while local_objects(dir.path(), "wal") != Some(0)
-                || server.metric("streamgate_wal_log_chunks").await != 0.0
-            {
+            while server.local_wal_chunks(&dir.path().join("objects")).await > 0 {
                 assert!(waited < 300, "{point}: compacted WAL chunks are deleted");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 waited += 1;

@@ -500,7 +500,7 @@ async fn a_metadata_store_outage_within_the_lease_leaves_appends_running() {
         &streamgate_tests::backends::postgres_server(),
         dir.path(),
         &database,
-        &["--lease-secs", "120"],
+        &["--lease-secs", "120", "--metrics-listen", "127.0.0.1:0"],
     )
     .await;
     create_test_streams(&server).await;
@@ -580,9 +580,9 @@ async fn a_metadata_store_outage_within_the_lease_leaves_appends_running() {
     );
 
     // Compaction caught up once the store was back: the WAL empties into segments.
-    let wal = dir.path().join("objects").join("wal");
+    let objects = dir.path().join("objects");
     let deadline = Instant::now() + RECOVERY_LIMIT;
-    while count_files(&wal) > 0 {
+    while server.local_wal_chunks(&objects).await > 0 {
         assert!(
             Instant::now() < deadline,
             "compaction resumed after the outage"
@@ -595,23 +595,6 @@ async fn a_metadata_store_outage_within_the_lease_leaves_appends_running() {
 }
 
 /// Non-empty files under `dir` (empty ones are prepared WAL files, not objects).
-fn count_files(dir: &std::path::Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|entry| {
-            let path = entry.path();
-            if path.is_dir() {
-                count_files(&path)
-            } else {
-                usize::from(entry.metadata().is_ok_and(|m| m.len() > 0))
-            }
-        })
-        .sum()
-}
-
 /// The object store goes away while a node restarted after `kill -9` takes its streams
 /// back (a test hook holds the takeover for 6 s after the store was first reached): the
 /// node waits for the store, retrying, instead of exiting, and once the store is back
