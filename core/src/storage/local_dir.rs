@@ -194,6 +194,10 @@ pub struct LocalDirObjectStore {
     spares: Arc<Spares>,
     /// Where small blocking puts go while it has room.
     log: Arc<ChunkLog>,
+    /// WAL chunks put into files that were not prepared (too large for the chunk log,
+    /// or written alongside others), since the preparer last looked: while there are
+    /// such, it prepares files even though the log has room.
+    unprepared_chunk_puts: Arc<AtomicU64>,
 }
 
 /// The pool of emptied files (under `.recycled/`) that prepares reuse.
@@ -266,6 +270,7 @@ impl LocalDirObjectStore {
         let log = ChunkLog::open(log_dir.clone()).map_err(|e| io_error(&log_dir, e))?;
         Ok(Self {
             log: Arc::new(log),
+            unprepared_chunk_puts: Arc::default(),
             root,
             temp_counter: Arc::new(AtomicU64::new(0)),
             prepared: Arc::default(),
@@ -316,6 +321,8 @@ impl LocalDirObjectStore {
                     ) => {}
                 Err(e) => return Err(io_error(path, e)),
             }
+        } else if key.starts_with(CHUNK_LOG_FOLDER) {
+            self.unprepared_chunk_puts.fetch_add(1, Ordering::Relaxed);
         }
         let dir = path.parent().expect("object paths have a parent");
         create_dir_all_durably(dir).map_err(|e| io_error(dir, e))?;
@@ -417,12 +424,7 @@ fn prepare_files(
 /// a file can take a millisecond of kernel CPU when no spare is left (ext4 without a
 /// journal skips recently freed inodes one by one), and on two cores that must not delay
 /// the puts it speeds up. It ends when the store is dropped.
-fn start_preparer(
-    prepared: Arc<Mutex<HashSet<PathBuf>>>,
-    spares: Arc<Spares>,
-    log: Arc<ChunkLog>,
-    log_folder: PathBuf,
-) -> mpsc::Sender<PrepareRequest> {
+fn start_preparer(store: LocalDirObjectStore) -> mpsc::Sender<PrepareRequest> {
     let (requests, received) = mpsc::channel::<PrepareRequest>();
     let spawned = std::thread::Builder::new()
         .name("prepare-files".into())
@@ -433,16 +435,20 @@ fn start_preparer(
                 // process id to setpriority); if it fails the thread keeps the default.
                 unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
             }
+            let log_folder = store.root.join(CHUNK_LOG_FOLDER);
             for (paths, done) in received {
-                // While the chunk log has room, the WAL's blocking puts go there and
-                // need no files.
+                // While the chunk log has room, the WAL's small chunks go there and need
+                // no files; larger ones, if any came since the last request, still do.
                 let logged = |path: &PathBuf| path.starts_with(&log_folder);
-                let mut outcome = match log.has_room() && paths.iter().all(logged) {
+                let files_unneeded = store.log.has_room()
+                    && paths.iter().all(logged)
+                    && store.unprepared_chunk_puts.swap(0, Ordering::Relaxed) == 0;
+                let mut outcome = match files_unneeded {
                     true => Ok(()),
-                    false => prepare_files(&prepared, &spares, paths),
+                    false => prepare_files(&store.prepared, &store.spares, paths),
                 };
-                if let Err(e) = log.replenish() {
-                    outcome = outcome.and(Err(io_error(log.dir(), e)));
+                if let Err(e) = store.log.replenish() {
+                    outcome = outcome.and(Err(io_error(store.log.dir(), e)));
                 }
                 let _ = done.send(outcome);
             }
@@ -607,14 +613,7 @@ impl ObjectStore for LocalDirObjectStore {
             .iter()
             .map(|key| self.path_of(key))
             .collect::<Result<Vec<_>>>()?;
-        let preparer = self.preparer.get_or_init(|| {
-            start_preparer(
-                self.prepared.clone(),
-                self.spares.clone(),
-                self.log.clone(),
-                self.root.join(CHUNK_LOG_FOLDER),
-            )
-        });
+        let preparer = self.preparer.get_or_init(|| start_preparer(self.clone()));
         let stopped = || Error::storage("the file preparer thread is not running");
         let (done, outcome) = tokio::sync::oneshot::channel();
         preparer.send((paths, done)).map_err(|_| stopped())?;
