@@ -9,7 +9,9 @@
 //! operation now (the model accepts its outcome) and restart from the first event; at a
 //! return of an operation not yet linearized, this path is dead, so undo the last choice
 //! and try the next call instead. A (set of linearized operations, model state) pair that
-//! was already explored is not explored again.
+//! was already explored is not explored again. Operations that change nothing (reads,
+//! check-tails, refused conditions) are tried before the rest at every point, and one that
+//! fits is the only choice made there (see `Pass`).
 //!
 //! An operation whose outcome is unknown (the client timed out, the connection broke, the
 //! server was killed) has no return event: it may take effect at any moment after its
@@ -23,7 +25,13 @@
 //! observed, since nothing after it could tell (it is as if it never happened). Such an
 //! append's records are never read, so where it fills a gap only its length matters: the
 //! model keeps them as unseen filler, and orders of fillers that end alike are explored
-//! once. Operations of one pipeline take effect in the order they were sent.
+//! once. Such appends that are alike in every way the model sees (length, conditions, no
+//! pipeline) are interchangeable: any order that uses some of them can use the earliest
+//! called ones instead, in call order, so only that choice is tried. An unknown append
+//! that can no longer take effect on the path being explored (its position is passed, or
+//! a later operation of its pipeline was placed) is taken out of the event list until
+//! the path is taken back, rather than stepped over at every restart. Operations of one
+//! pipeline take effect in the order they were sent.
 //!
 //! The model of a stream: a sequence of records (ordinary ones, and `fence` and `trim`
 //! command records, which take a position like any record), its fencing token and its
@@ -222,9 +230,13 @@ fn check_with_budget(history: &[Operation], max_steps: u64) -> Result<Checked, C
     let mut placed = BitSet::new(ops.len());
     let mut explored: HashSet<(BitSet, StateKey)> = HashSet::new();
     let mut choices: Vec<Choice> = Vec::new();
+    // Call events of unknown appends that can no longer take effect, lifted from the
+    // list, each with the number of choices made when it was.
+    let mut dropped: Vec<(usize, usize)> = Vec::new();
     let mut deepest: Option<(usize, Violation)> = None;
     let mut steps = 0u64;
-    let mut event = events.first();
+    let mut pass = Pass::Observers;
+    let mut event = events.first(false);
     loop {
         if remaining_known == 0 {
             // What is left are unknown appends: each may simply never have happened.
@@ -243,35 +255,62 @@ fn check_with_budget(history: &[Operation], max_steps: u64) -> Result<Checked, C
         match event.map(|e| events.kind[e]) {
             Some(EventKind::Call(op)) => {
                 let e = event.unwrap();
-                let allowed = pipelines.allows(op) && placements.allows(op, stream.tail());
+                if ops[op].is_unknown()
+                    && (!pipelines.allows(op) || placements.never_from(op, stream.tail()))
+                {
+                    // The tail only grows and a pipeline only advances on this path.
+                    events.lift(e);
+                    dropped.push((choices.len(), e));
+                    event = events.next(e);
+                    continue;
+                }
+                if observes(ops[op]) != (pass == Pass::Observers) {
+                    // Tried in the other pass at this point.
+                    event = events.next(e);
+                    continue;
+                }
+                let allowed = pipelines.allows(op) && placements.allows(op, stream.tail(), &placed);
                 let applied = allowed
                     .then(|| stream.apply(ops[op], placements.is_filler(op)))
                     .flatten();
-                if let Some(undo) = applied {
-                    placed.set(op);
-                    if explored.insert((placed.clone(), stream.key())) {
-                        let pipeline_before = pipelines.place(op);
-                        events.lift(e, ops[op].is_unknown());
-                        if !ops[op].is_unknown() {
-                            remaining_known -= 1;
-                        }
-                        choices.push(Choice {
-                            op,
-                            event: e,
-                            undo,
-                            pipeline_before,
-                        });
-                        event = events.first();
-                        continue;
+                let Some(undo) = applied else {
+                    event = events.next(e);
+                    continue;
+                };
+                placed.set(op);
+                if explored.insert((placed.clone(), stream.key())) {
+                    let pipeline_before = pipelines.place(op);
+                    events.lift(e);
+                    if !ops[op].is_unknown() {
+                        remaining_known -= 1;
                     }
-                    placed.clear(op);
-                    stream.undo(undo);
+                    choices.push(Choice {
+                        op,
+                        event: e,
+                        undo,
+                        pipeline_before,
+                    });
+                    pass = Pass::Observers;
+                    event = events.first(false);
+                    continue;
                 }
-                event = events.next(e);
+                placed.clear(op);
+                stream.undo(undo);
+                if pass == Pass::Others {
+                    event = events.next(e);
+                    continue;
+                }
+                // An observer fits here, and the orders from here with it first were
+                // explored and failed: so does every order from here.
+            }
+            Some(EventKind::Return(_)) if pass == Pass::Observers => {
+                pass = Pass::Others;
+                event = events.first(placements.unknown_may_fit(stream.tail()));
+                continue;
             }
             Some(EventKind::Return(op)) => {
                 // `op` answered before being placed: remember the deepest such dead end
-                // for the report, then take back the last choice.
+                // for the report.
                 if deepest
                     .as_ref()
                     .is_none_or(|(depth, _)| choices.len() > *depth)
@@ -294,29 +333,63 @@ fn check_with_budget(history: &[Operation], max_steps: u64) -> Result<Checked, C
                         },
                     ));
                 }
-                let Some(choice) = choices.pop() else {
-                    let (_, violation) = deepest.unwrap();
-                    return Err(CheckError::NotLinearizable(Box::new(violation)));
-                };
-                stream.undo(choice.undo);
-                pipelines.unplace(choice.op, choice.pipeline_before);
-                placed.clear(choice.op);
-                events.unlift(choice.event, ops[choice.op].is_unknown());
-                if !ops[choice.op].is_unknown() {
-                    remaining_known += 1;
-                }
-                event = events.next(choice.event);
             }
             None => unreachable!("a known operation's return event ends the list"),
         }
+        // A dead end: take back the last choice and try the next operation after it.
+        loop {
+            let Some(choice) = choices.pop() else {
+                let (_, violation) = deepest.expect("a dead end was met");
+                return Err(CheckError::NotLinearizable(Box::new(violation)));
+            };
+            // What was dropped after this choice comes back first (the list is
+            // restored in the reverse order of its changes).
+            while let Some(&(depth, e)) = dropped.last() {
+                if depth <= choices.len() {
+                    break;
+                }
+                dropped.pop();
+                events.unlift(e);
+            }
+            stream.undo(choice.undo);
+            pipelines.unplace(choice.op, choice.pipeline_before);
+            placed.clear(choice.op);
+            events.unlift(choice.event);
+            if !ops[choice.op].is_unknown() {
+                remaining_known += 1;
+            }
+            // An observer was the only operation tried where it was placed.
+            if !observes(ops[choice.op]) {
+                pass = Pass::Others;
+                event = events.next(choice.event);
+                break;
+            }
+        }
     }
+}
+
+/// Which operations a walk of the event list tries, at each point of the search.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Observers called before the first return still in the list (see `observes`): one
+    /// that fits is placed, and nothing else is tried there. Any order from that point
+    /// could have placed it first, since it changes nothing and everything that must
+    /// come before it is placed; so if one fails, they all do. Trying appends first
+    /// instead would find a read of the tail as it was only after taking them back.
+    Observers,
+    /// Every other operation: unknown appends first, where one may fit, then the rest.
+    Others,
+}
+
+/// Whether `op` changes nothing (a read, a check-tail, a refused condition) and no
+/// pipeline orders it.
+fn observes(op: &Operation) -> bool {
+    op.pipeline.is_none() && !matches!(op.outcome, Outcome::Appended { .. } | Outcome::Unknown)
 }
 
 /// Where an unknown append may take effect, as the history constrains it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Placement {
-    /// Not an unknown append: the model alone decides.
-    Known,
     /// A read returned one of its records, which no other append holds: only here.
     At(u64),
     /// Only on positions nothing else accounts for, below the highest tail observed.
@@ -326,14 +399,27 @@ enum Placement {
     Unclaimed,
 }
 
+/// An unknown append as the search sees it.
+#[derive(Clone, Copy)]
+struct Shape {
+    placement: Placement,
+    /// Its number of records.
+    len: u64,
+    match_seq_num: Option<u64>,
+    /// The operation called just before it among those it is interchangeable with.
+    earlier_twin: Option<usize>,
+}
+
 /// What the history says about positions, computed once before the search.
 struct Placements {
-    /// Each operation's placement and its number of records.
-    of_op: Vec<(Placement, u64)>,
+    /// Each operation's shape; `None` for one with a known outcome, or not an append.
+    of_op: Vec<Option<Shape>>,
     /// Positions whose record is known: acknowledged, or read and held by one append.
     claimed: HashSet<u64>,
     /// The highest tail any operation observed.
     horizon: u64,
+    /// Where unknown appends placed `At` start.
+    seen_starts: HashSet<u64>,
 }
 
 impl Placements {
@@ -380,12 +466,10 @@ impl Placements {
                 _ => {}
             }
         }
-        let of_op = ops
+        let mut of_op: Vec<Option<Shape>> = ops
             .iter()
             .map(|op| {
-                let Some(records) = batch(op).filter(|_| op.is_unknown()) else {
-                    return (Placement::Known, 0);
-                };
+                let records = batch(op).filter(|_| op.is_unknown())?;
                 let seen = records.iter().enumerate().find_map(|(i, record)| {
                     seen_at
                         .get(record)
@@ -405,31 +489,90 @@ impl Placements {
                     }
                     None => Placement::Unclaimed,
                 };
-                (placement, records.len() as u64)
+                let Call::Append { match_seq_num, .. } = op.call else {
+                    unreachable!("only appends have a batch")
+                };
+                Some(Shape {
+                    placement,
+                    len: records.len() as u64,
+                    match_seq_num,
+                    earlier_twin: None,
+                })
+            })
+            .collect();
+        // Fillers off any pipeline with the same length and conditions leave the same
+        // stream wherever they take effect: twins, used in call order.
+        let mut by_call: Vec<usize> = (0..ops.len()).collect();
+        by_call.sort_by_key(|i| ops[*i].called);
+        let mut last_of_kind: HashMap<(u64, Option<u64>, Option<&str>), usize> = HashMap::new();
+        for i in by_call {
+            let (Some(shape), None, Call::Append { fencing_token, .. }) =
+                (&mut of_op[i], &ops[i].pipeline, &ops[i].call)
+            else {
+                continue;
+            };
+            if shape.placement == Placement::InGaps {
+                let kind = (shape.len, shape.match_seq_num, fencing_token.as_deref());
+                shape.earlier_twin = last_of_kind.insert(kind, i);
+            }
+        }
+        let seen_starts = of_op
+            .iter()
+            .flatten()
+            .filter_map(|shape| match shape.placement {
+                Placement::At(start) => Some(start),
+                _ => None,
             })
             .collect();
         Placements {
             of_op,
             claimed,
             horizon,
+            seen_starts,
         }
     }
 
     /// Whether `op`'s records, where it takes effect, are never read by anyone.
     fn is_filler(&self, op: usize) -> bool {
-        self.of_op[op].0 == Placement::InGaps
+        self.of_op[op].is_some_and(|shape| shape.placement == Placement::InGaps)
     }
 
-    /// Whether operation `op` may take effect on a stream whose tail is `tail`.
-    fn allows(&self, op: usize, tail: u64) -> bool {
-        let (placement, len) = self.of_op[op];
-        let unclaimed = || (tail..tail + len).all(|seq| !self.claimed.contains(&seq));
-        match placement {
-            Placement::Known => true,
+    /// Whether operation `op` may take effect on a stream whose tail is `tail`, with the
+    /// operations in `placed` having taken effect before.
+    fn allows(&self, op: usize, tail: u64, placed: &BitSet) -> bool {
+        let Some(shape) = self.of_op[op] else {
+            return true;
+        };
+        let unclaimed = || (tail..tail + shape.len).all(|seq| !self.claimed.contains(&seq));
+        match shape.placement {
             Placement::At(start) => start == tail,
-            Placement::InGaps => tail + len <= self.horizon && unclaimed(),
+            Placement::InGaps => {
+                tail + shape.len <= self.horizon
+                    && unclaimed()
+                    && shape.earlier_twin.is_none_or(|twin| placed.contains(twin))
+            }
             Placement::Unclaimed => unclaimed(),
         }
+    }
+
+    /// Whether any unknown append may take effect on a stream whose tail is `tail`: one
+    /// seen to start there, or any on a position nothing accounts for.
+    fn unknown_may_fit(&self, tail: u64) -> bool {
+        !self.claimed.contains(&tail) || self.seen_starts.contains(&tail)
+    }
+
+    /// Whether unknown append `op` cannot take effect on a stream whose tail is `tail`
+    /// nor on any longer one.
+    fn never_from(&self, op: usize, tail: u64) -> bool {
+        let Some(shape) = self.of_op[op] else {
+            return false;
+        };
+        let passed = match shape.placement {
+            Placement::At(start) => start < tail,
+            Placement::InGaps => tail + shape.len > self.horizon,
+            Placement::Unclaimed => false,
+        };
+        passed || shape.match_seq_num.is_some_and(|seq| seq < tail)
     }
 }
 
@@ -523,13 +666,16 @@ enum EventKind {
     Return(usize),
 }
 
-/// The history's events in time order, as a doubly linked list from which placed
-/// operations are lifted (and put back, in reverse order, on backtracking).
+/// The history's events in time order, as two doubly linked lists from which placed
+/// operations are lifted (and put back, in reverse order, on backtracking): the calls and
+/// returns of operations with a known outcome, and the calls of unknown appends. The
+/// search walks the unknown ones only where one of them may take effect, and only those
+/// called before the first return still in the known list; then the known list.
 struct Events {
     kind: Vec<EventKind>,
     /// For each operation, its return event (none for an unknown outcome).
     return_of: Vec<Option<usize>>,
-    /// Links; index `kind.len()` is the list's head.
+    /// Links; indices `known_head()` and `unknown_head()` are the lists' heads.
     next: Vec<Option<usize>>,
     prev: Vec<usize>,
 }
@@ -553,28 +699,74 @@ impl Events {
                 return_of[*op] = Some(e);
             }
         }
-        let head = n;
-        let mut next = vec![None; n + 1];
-        let mut prev = vec![head; n + 1];
-        for e in 0..n {
-            next[e] = (e + 1 < n).then_some(e + 1);
-            prev[e] = if e == 0 { head } else { e - 1 };
-        }
-        next[head] = (n > 0).then_some(0);
-        Events {
+        let mut events = Events {
             kind,
             return_of,
-            next,
-            prev,
+            next: vec![None; n + 2],
+            prev: vec![n; n + 2],
+        };
+        let (mut last_known, mut last_unknown) = (events.known_head(), events.unknown_head());
+        for e in 0..n {
+            let last = if events.is_unknown_call(e) {
+                &mut last_unknown
+            } else {
+                &mut last_known
+            };
+            events.next[*last] = Some(e);
+            events.prev[e] = *last;
+            *last = e;
         }
+        events
     }
 
-    fn first(&self) -> Option<usize> {
-        self.next[self.kind.len()]
+    fn known_head(&self) -> usize {
+        self.kind.len()
+    }
+
+    fn unknown_head(&self) -> usize {
+        self.kind.len() + 1
+    }
+
+    fn is_unknown_call(&self, e: usize) -> bool {
+        matches!(self.kind[e], EventKind::Call(op) if self.return_of[op].is_none())
+    }
+
+    /// Where a walk starts: the unknown calls first when `unknown_may_fit`.
+    fn first(&self, unknown_may_fit: bool) -> Option<usize> {
+        if unknown_may_fit {
+            self.unknown_or_known(self.next[self.unknown_head()])
+        } else {
+            self.next[self.known_head()]
+        }
     }
 
     fn next(&self, e: usize) -> Option<usize> {
-        self.next[e]
+        if self.is_unknown_call(e) {
+            self.unknown_or_known(self.next[e])
+        } else {
+            self.next[e]
+        }
+    }
+
+    /// `unknown` if it was called before the first return in the known list (an
+    /// operation cannot take effect after one that had already returned without taking
+    /// effect before it), otherwise the start of the known list.
+    fn unknown_or_known(&self, unknown: Option<usize>) -> Option<usize> {
+        let first_known = self.next[self.known_head()];
+        let Some(unknown) = unknown else {
+            return first_known;
+        };
+        let mut e = first_known;
+        while let Some(known) = e {
+            if known > unknown {
+                return Some(unknown);
+            }
+            if matches!(self.kind[known], EventKind::Return(_)) {
+                return first_known;
+            }
+            e = self.next[known];
+        }
+        Some(unknown)
     }
 
     fn unlink(&mut self, e: usize) {
@@ -593,24 +785,22 @@ impl Events {
         }
     }
 
-    /// Takes the call event `e` and its operation's return event out of the list.
-    fn lift(&mut self, e: usize, unknown: bool) {
+    /// Takes the call event `e` and its operation's return event, if any, out of the list.
+    fn lift(&mut self, e: usize) {
         self.unlink(e);
-        if !unknown {
-            let EventKind::Call(op) = self.kind[e] else {
-                unreachable!()
-            };
-            self.unlink(self.return_of[op].unwrap());
+        if let EventKind::Call(op) = self.kind[e] {
+            if let Some(returned) = self.return_of[op] {
+                self.unlink(returned);
+            }
         }
     }
 
     /// Undoes the last `lift`.
-    fn unlift(&mut self, e: usize, unknown: bool) {
-        if !unknown {
-            let EventKind::Call(op) = self.kind[e] else {
-                unreachable!()
-            };
-            self.relink(self.return_of[op].unwrap());
+    fn unlift(&mut self, e: usize) {
+        if let EventKind::Call(op) = self.kind[e] {
+            if let Some(returned) = self.return_of[op] {
+                self.relink(returned);
+            }
         }
         self.relink(e);
     }
@@ -628,6 +818,9 @@ impl BitSet {
     }
     fn clear(&mut self, i: usize) {
         self.0[i / 64] &= !(1 << (i % 64));
+    }
+    fn contains(&self, i: usize) -> bool {
+        self.0[i / 64] & (1 << (i % 64)) != 0
     }
 }
 
