@@ -257,12 +257,23 @@ impl ChunkLog {
                 .file_name()
                 .to_str()
                 .and_then(|n| n.parse::<u64>().ok());
+            // An entry may vanish once listed: the files of an earlier store on this
+            // directory in the same process (a test reopening it) can still be in the
+            // making on its preparer's thread, which renames or drops them.
+            let vanished = |e: &std::io::Error| e.kind() == ErrorKind::NotFound;
             let Some(id) = id else {
                 // A file half-made by an earlier process, or a stranger.
-                fs::remove_file(&path)?;
-                continue;
+                match fs::remove_file(&path) {
+                    Err(e) if !vanished(&e) => return Err(e),
+                    _ => continue,
+                }
             };
-            let (generation, records) = scan(&File::open(&path)?)?;
+            let file = match File::open(&path) {
+                Ok(file) => file,
+                Err(e) if vanished(&e) => continue,
+                Err(e) => return Err(e),
+            };
+            let (generation, records) = scan(&file)?;
             let generation = generation.unwrap_or(0);
             state.next_id = state.next_id.max(id + 1);
             state.next_generation = state.next_generation.max(generation + 1);
