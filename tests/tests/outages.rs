@@ -594,7 +594,6 @@ async fn a_metadata_store_outage_within_the_lease_leaves_appends_running() {
     eprintln!("after kill -9: {present} batches present");
 }
 
-/// Non-empty files under `dir` (empty ones are prepared WAL files, not objects).
 /// The object store goes away while a node restarted after `kill -9` takes its streams
 /// back (a test hook holds the takeover for 6 s after the store was first reached): the
 /// node waits for the store, retrying, instead of exiting, and once the store is back

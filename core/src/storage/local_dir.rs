@@ -1249,6 +1249,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn while_the_log_has_room_files_are_prepared_only_after_a_chunk_needed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirObjectStore::open(dir.path()).unwrap();
+        let prepared = |key: &str| store.prepared.lock().contains(&dir.path().join(key));
+        // The first request finds no log file ready yet: it prepares files, and the log.
+        store.prepare(&["wal/1/0".into()]).await.unwrap();
+        assert!(prepared("wal/1/0"));
+        // With the log ready, small chunks go there: no files.
+        store.prepare(&["wal/1/1".into()]).await.unwrap();
+        assert!(!prepared("wal/1/1"));
+        // A chunk too large for the log was put into a file of its own, unprepared:
+        // the next request prepares files again, and the one after it does not.
+        store
+            .put("wal/1/9", Bytes::from(vec![7; 512 << 10]))
+            .await
+            .unwrap();
+        store.prepare(&["wal/1/2".into()]).await.unwrap();
+        assert!(prepared("wal/1/2"));
+        store.prepare(&["wal/1/3".into()]).await.unwrap();
+        assert!(!prepared("wal/1/3"));
+    }
+
+    #[tokio::test]
     async fn keys_cannot_escape_the_root() {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalDirObjectStore::open(dir.path()).unwrap();
