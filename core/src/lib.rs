@@ -21,6 +21,7 @@
 //!   `metrics` — the metrics API's sets, checks and answers built from them
 //! - `encryption` — sealing and opening records of encrypted streams
 //! - `access` — tokens and scopes; `config`, `names`, `record`, `segment` — domain types
+//! - `in_order` — a queue of waits taken out in order, polling only the front
 //! - `error` — typed errors with a kind, which each front end maps through one table
 
 pub mod access;
@@ -38,6 +39,7 @@ mod error;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
 pub mod groups;
+pub mod in_order;
 mod lifecycle;
 mod membership;
 pub mod metrics;

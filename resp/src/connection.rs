@@ -6,12 +6,12 @@
 //! Any other command (and a group command after XADDs) first waits for the commands
 //! before it, so it sees their effects; replies always go out in request order.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures::future::BoxFuture;
+use streamgate_core::in_order::InOrder;
 use streamgate_core::names::BasinName;
 use streamgate_core::{telemetry, Engine};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -42,38 +42,9 @@ const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
 const AUTH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Replies still to be written, in request order; each item is the replies of one or
-/// more commands, and whether the connection must close after them.
-///
-/// Each is a wait for work already under way (an append, a durable change), and they
-/// finish in order, so only the front one is polled. `FuturesOrdered` polls each new
-/// future once and, having polled all it holds with none ready, wakes its own task: a
-/// yield per XADD, on which Tokio woke the other runtime thread every time.
-#[derive(Default)]
-struct Pending {
-    queue: VecDeque<BoxFuture<'static, (Vec<Reply>, bool)>>,
-}
-
-impl Pending {
-    fn push_back(&mut self, replies: BoxFuture<'static, (Vec<Reply>, bool)>) {
-        self.queue.push_back(replies);
-    }
-
-    fn len(&self) -> usize {
-        self.queue.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.queue.is_empty()
-    }
-
-    /// The front item's replies, once they are in. Cancel-safe: an item stays queued
-    /// until it is done.
-    async fn next(&mut self) -> Option<(Vec<Reply>, bool)> {
-        let replies = self.queue.front_mut()?.await;
-        self.queue.pop_front();
-        Some(replies)
-    }
-}
+/// more commands, and whether the connection must close after them. Each is a wait for
+/// work already under way (an append, a durable change), so only the front is polled.
+type Pending = InOrder<BoxFuture<'static, (Vec<Reply>, bool)>>;
 
 pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
@@ -316,41 +287,4 @@ async fn drain(pending: &mut Pending, resp3: bool, output: &mut BytesMut) -> boo
         close |= must_close;
     }
     close
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn replies(text: &str) -> Vec<Reply> {
-        vec![Reply::Bulk(bytes::Bytes::copy_from_slice(text.as_bytes()))]
-    }
-
-    #[tokio::test]
-    async fn pending_replies_come_out_in_order_and_survive_a_cancelled_wait() {
-        let (first_done, first) = tokio::sync::oneshot::channel::<()>();
-        let (second_done, second) = tokio::sync::oneshot::channel::<()>();
-        let mut pending = Pending::default();
-        pending.push_back(Box::pin(async move {
-            first.await.unwrap();
-            (replies("first"), false)
-        }));
-        pending.push_back(Box::pin(async move {
-            second.await.unwrap();
-            (replies("second"), true)
-        }));
-        // The second is ready first; nothing comes out before the first.
-        second_done.send(()).unwrap();
-        let waited = tokio::time::timeout(Duration::from_millis(50), pending.next()).await;
-        assert!(
-            waited.is_err(),
-            "a reply came out ahead of the one before it"
-        );
-        assert_eq!(pending.len(), 2, "a cancelled wait dropped a reply");
-        first_done.send(()).unwrap();
-        assert_eq!(pending.next().await, Some((replies("first"), false)));
-        assert_eq!(pending.next().await, Some((replies("second"), true)));
-        assert!(pending.is_empty());
-        assert_eq!(pending.next().await, None);
-    }
 }

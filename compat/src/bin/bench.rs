@@ -4,11 +4,11 @@
 //!   cargo run --release -p streamgate-compat --bin bench -- [--data-dir DIR] [--seconds N]
 //!
 //! Phases: the request round trip; single-client append latency against the fdatasync
-//! floor; 16-client append throughput against the durable bandwidth; reads of what was
-//! written; reads of history from segments after a restart (cold through one read
-//! session, which the server reads ahead for; cold, then cached, through unary reads);
-//! and the append latency again while another client reads history (unary reads, then a
-//! read session).
+//! floor, unary and through an append session; 16-client append throughput against the
+//! durable bandwidth; reads of what was written; reads of history from segments after a
+//! restart (cold through one read session, which the server reads ahead for; cold, then
+//! cached, through unary reads); and the append latency again while another client reads
+//! history (unary reads, then a read session).
 //!
 //! The server is the release binary, started on a fresh data directory on the filesystem
 //! of `--data-dir`, and driven through the official Rust SDK (protobuf over HTTP/2).
@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::StreamExt;
+use s2_sdk::append_session::AppendSessionConfig;
 use s2_sdk::types::*;
 use s2_sdk::S2Stream;
 use streamgate_compat::{cpu_secs, percentile, rss_kib, Server};
@@ -269,6 +270,25 @@ async fn main() {
         summary(latencies),
         ratios[0],
         ratios[1]
+    );
+
+    // 1b. The same through an append session (as the `s2` CLI and the SDKs' producers
+    //     append): one 100 B input at a time, each sent once the last is acknowledged.
+    //     The server's CPU per append shows what the session's own bookkeeping costs.
+    let session = stream.append_session(AppendSessionConfig::new());
+    let mut latencies = Vec::with_capacity(args.latency_appends);
+    let cpu_before = cpu_secs(pid);
+    for _ in 0..args.latency_appends {
+        let start = Instant::now();
+        session.submit(batch(1, 100)).await.unwrap().await.unwrap();
+        latencies.push(start.elapsed());
+    }
+    let cpu_per_append = (cpu_secs(pid) - cpu_before) / args.latency_appends as f64;
+    session.close().await.unwrap();
+    println!(
+        "append session, 1 client, 1 x 100 B record, one input in flight: {}; server CPU {:.0} µs per append",
+        summary(latencies),
+        cpu_per_append * 1e6
     );
 
     // 2. 16 clients, protobuf batches of 64 x 8 KiB records: durable throughput. The

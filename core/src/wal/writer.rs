@@ -20,13 +20,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::Either;
-use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cache::ChunkCache;
 use crate::error::{Error, Result};
+use crate::in_order::InOrder;
 use crate::membership::LeaseState;
 use crate::record::AppendAck;
 use crate::storage::ObjectStore;
@@ -203,7 +203,7 @@ impl WalWriter {
         let mut pending: Vec<PendingAppend> = Vec::new();
         let mut pending_bytes = 0usize;
         let mut first_pending_at = Instant::now();
-        let mut in_flight: FuturesOrdered<_> = FuturesOrdered::new();
+        let mut in_flight = InOrder::default();
         let mut open = true;
         self.prepare_ahead();
 
@@ -262,7 +262,7 @@ impl WalWriter {
                 let alone =
                     in_flight.is_empty() && pending_bytes < self.settings.parallel_min_bytes;
                 pending_bytes = 0;
-                in_flight.push_back(self.start_flush(appends, alone));
+                in_flight.push_back(Box::pin(self.start_flush(appends, alone)));
                 continue;
             }
             if !open && pending.is_empty() && in_flight.is_empty() && self.held.is_empty() {

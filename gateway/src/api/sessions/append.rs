@@ -7,9 +7,10 @@ use std::convert::Infallible;
 use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
-use futures::stream::{FuturesOrdered, StreamExt};
+use futures::stream::StreamExt;
 use futures::FutureExt;
 use streamgate_core::config::StreamConfig;
+use streamgate_core::in_order::InOrder;
 use streamgate_core::names::{BasinName, StreamName};
 use streamgate_core::{Caller, Error};
 use tokio::sync::mpsc;
@@ -46,7 +47,7 @@ impl AppendSession {
         let _open = streamgate_core::telemetry::OpenGuard::new("s2s-append");
         let mut inputs = body.into_data_stream();
         let mut decoder = FrameDecoder::default();
-        let mut in_flight = FuturesOrdered::new();
+        let mut in_flight = InOrder::default();
         let mut draining = self.drain.is_draining();
         let mut reading = !draining;
         let mut failure: Option<ApiError> = None;
@@ -139,7 +140,7 @@ impl AppendSession {
         ack: streamgate_core::Result<streamgate_core::record::AppendAck>,
         flags: u8,
         out: &mpsc::Sender<Bytes>,
-        in_flight: &mut FuturesOrdered<streamgate_core::PendingAck>,
+        in_flight: &mut InOrder<streamgate_core::PendingAck>,
         failure: &mut Option<ApiError>,
     ) -> bool {
         match ack {
