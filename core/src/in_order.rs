@@ -50,17 +50,17 @@ impl<F: Future + Unpin> InOrder<F> {
 
     /// The front future's output once it is ready, or `None` if the queue is empty.
     /// Cancel-safe: a future stays queued until its output is taken.
-    pub fn next(&mut self) -> Next<'_, F> {
-        Next { queue: self }
+    pub fn pop_front(&mut self) -> PopFront<'_, F> {
+        PopFront { queue: self }
     }
 }
 
-/// The future returned by [`InOrder::next`].
-pub struct Next<'a, F> {
+/// The future returned by [`InOrder::pop_front`].
+pub struct PopFront<'a, F> {
     queue: &'a mut InOrder<F>,
 }
 
-impl<F: Future + Unpin> Future for Next<'_, F> {
+impl<F: Future + Unpin> Future for PopFront<'_, F> {
     type Output = Option<F::Output>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -98,17 +98,17 @@ mod tests {
         }));
         // The second is ready first; nothing comes out before the first.
         second_done.send(()).unwrap();
-        let waited = tokio::time::timeout(Duration::from_millis(50), queue.next()).await;
+        let waited = tokio::time::timeout(Duration::from_millis(50), queue.pop_front()).await;
         assert!(
             waited.is_err(),
             "an output came out ahead of the one before it"
         );
         assert_eq!(queue.len(), 2, "a cancelled wait dropped a queued future");
         first_done.send(()).unwrap();
-        assert_eq!(queue.next().await, Some("first"));
-        assert_eq!(queue.next().await, Some("second"));
+        assert_eq!(queue.pop_front().await, Some("first"));
+        assert_eq!(queue.pop_front().await, Some("second"));
         assert!(queue.is_empty());
-        assert_eq!(queue.next().await, None);
+        assert_eq!(queue.pop_front().await, None);
     }
 
     /// The reason this type exists: a wait that is not ready must not wake its own task.
@@ -121,13 +121,13 @@ mod tests {
         let mut queue = InOrder::default();
         queue.push_back(receiver.map(Result::unwrap));
         for _ in 0..3 {
-            assert!(Pin::new(&mut queue.next()).poll(&mut cx).is_pending());
+            assert!(Pin::new(&mut queue.pop_front()).poll(&mut cx).is_pending());
         }
         assert_eq!(woken.count(), 0, "the queue woke its own task");
         done.send(7).unwrap();
         assert_eq!(woken.count(), 1, "the front's waker was not registered");
         assert_eq!(
-            Pin::new(&mut queue.next()).poll(&mut cx),
+            Pin::new(&mut queue.pop_front()).poll(&mut cx),
             Poll::Ready(Some(7))
         );
     }

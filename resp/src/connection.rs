@@ -183,7 +183,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(
         let arrival_deadline = partial_since.map(|since| since + ARRIVAL_TIMEOUT);
         make_read_room(&mut input);
         tokio::select! {
-            Some((replies, close)) = pending.next(), if !pending.is_empty() => {
+            Some((replies, close)) = pending.pop_front(), if !pending.is_empty() => {
                 for reply in &replies {
                     reply.encode(session.resp3, &mut output);
                 }
@@ -280,7 +280,7 @@ async fn flush_batch(
 /// connection must close.
 async fn drain(pending: &mut Pending, resp3: bool, output: &mut BytesMut) -> bool {
     let mut close = false;
-    while let Some((replies, must_close)) = pending.next().await {
+    while let Some((replies, must_close)) = pending.pop_front().await {
         for reply in &replies {
             reply.encode(resp3, output);
         }

@@ -281,7 +281,7 @@ impl WalWriter {
                     }
                     None => open = false,
                 },
-                Some((flight, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((flight, outcome)) = in_flight.pop_front(), if !in_flight.is_empty() => {
                     self.finish_flight(flight, outcome);
                 }
                 changed = self.lease.changed(), if !self.held.is_empty() => {

@@ -59,7 +59,7 @@ impl AppendSession {
             let flags = if draining { RECONNECT_ADVISED } else { 0 };
             tokio::select! {
                 biased;
-                Some(ack) = in_flight.next(), if !in_flight.is_empty() => {
+                Some(ack) = in_flight.pop_front(), if !in_flight.is_empty() => {
                     if !self.deliver(ack, flags, &out, &mut in_flight, &mut failure).await {
                         return; // the client went away
                     }
@@ -78,7 +78,7 @@ impl AppendSession {
                                         // Acks that are ready go out before a submit that may
                                         // wait for the in-flight budget, so clients never wait
                                         // on acks the server already has.
-                                        while let Some(Some(ack)) = in_flight.next().now_or_never() {
+                                        while let Some(Some(ack)) = in_flight.pop_front().now_or_never() {
                                             if !self.deliver(ack, flags, &out, &mut in_flight, &mut failure).await {
                                                 return;
                                             }
