@@ -5,6 +5,7 @@ mod principal;
 mod registry;
 mod scope;
 pub mod secret;
+mod single_flight;
 mod throttle;
 
 use serde::{Deserialize, Serialize};

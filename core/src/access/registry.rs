@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use time::OffsetDateTime;
 
 use super::principal::Principal;
+use super::single_flight::SingleFlight;
 use super::throttle::FailedAuthThrottle;
 use super::{secret, AccessTokenInfo, Scope, ROOT_TOKEN_ID};
 use crate::error::{Error, Resource, Result};
@@ -73,6 +74,8 @@ struct Lookups {
     unknown: Arc<Mutex<HashMap<[u8; 32], Instant>>>,
     /// When a lookup last found the metadata store unavailable (`None` once one succeeds).
     unavailable_at: Arc<Mutex<Option<Instant>>>,
+    /// The lookup under way for each digest, which the requests meanwhile share.
+    flights: SingleFlight<[u8; 32], Arc<Principal>>,
 }
 
 /// What to do about a token verified earlier whose verification is older than `CACHE_TTL`.
@@ -93,6 +96,7 @@ impl TokenRegistry {
                 cache: Arc::default(),
                 unknown: Arc::default(),
                 unavailable_at: Arc::default(),
+                flights: SingleFlight::default(),
             },
             throttle: FailedAuthThrottle::default(),
         }
@@ -161,10 +165,10 @@ impl TokenRegistry {
                     (Some(principal), Recheck::NotYet) => principal,
                     (Some(principal), Recheck::InBackground) => {
                         let (lookups, digest) = (self.lookups.clone(), *digest);
-                        tokio::spawn(async move { lookups.look_up(&digest).await });
+                        tokio::spawn(async move { lookups.look_up_once(&digest).await });
                         principal
                     }
-                    (stale, _) => match self.lookups.look_up(digest).await {
+                    (stale, _) => match self.lookups.look_up_once(digest).await {
                         Err(Error::Unavailable(why)) => {
                             let Some(principal) = stale else {
                                 return Err(Error::Unavailable(why));
@@ -203,6 +207,15 @@ impl TokenRegistry {
 }
 
 impl Lookups {
+    /// [`Lookups::look_up`], shared with the requests that ask for the same digest while
+    /// it is under way (see `single_flight`).
+    async fn look_up_once(&self, digest: &[u8; 32]) -> Result<Arc<Principal>> {
+        let (lookups, key) = (self.clone(), *digest);
+        self.flights
+            .run(key, async move { lookups.look_up(&key).await })
+            .await
+    }
+
     /// Asks the metadata store for the token with this digest, and caches the answer.
     async fn look_up(&self, digest: &[u8; 32]) -> Result<Arc<Principal>> {
         let found = match self.metadata.access_token_by_digest(digest).await {
