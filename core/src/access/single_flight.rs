@@ -6,21 +6,47 @@
 //! would start its own metadata lookup until one of them refreshed it: with 10,000
 //! sessions on one token, thousands of lookups queued on the metadata pool every few
 //! seconds, and their deliveries with them.
+//!
+//! A lookup is driven by the requests waiting for it, as an unshared one would be: when
+//! they all go away it is dropped, so clients that send tokens and hang up leave no work
+//! behind.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::future::{BoxFuture, FutureExt, Shared, WeakShared};
 use parking_lot::Mutex;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 type Flight<V> = Shared<BoxFuture<'static, Result<V>>>;
 
+/// Entries kept before the map is pruned of lookups every request has left.
+const PRUNE_AT: usize = 1024;
+
 pub(super) struct SingleFlight<K, V: Clone> {
-    in_flight: Arc<Mutex<HashMap<K, Flight<V>>>>,
+    /// The lookups under way, held weakly: their requests keep them alive, so a lookup
+    /// every request has left (clients that went away) is dropped, as an unshared one
+    /// would be, rather than run on for nobody.
+    in_flight: Arc<Mutex<Flights<K, V>>>,
+}
+
+struct Flights<K, V> {
+    by_key: HashMap<K, WeakShared<BoxFuture<'static, Result<V>>>>,
+    /// The size at which dead entries are pruned next: twice the live ones left by the
+    /// last pruning (at least `PRUNE_AT`), so that pruning costs O(1) per insert.
+    prune_at: usize,
+}
+
+impl<K, V> Default for Flights<K, V> {
+    fn default() -> Self {
+        Flights {
+            by_key: HashMap::new(),
+            prune_at: PRUNE_AT,
+        }
+    }
 }
 
 impl<K, V: Clone> Clone for SingleFlight<K, V> {
@@ -46,33 +72,24 @@ where
 {
     /// The outcome of `lookup` for `key`: the one already in flight for `key` if there is
     /// one (and `lookup` is not run), otherwise a new one.
-    ///
-    /// The lookup runs as a task of its own, so it finishes (and leaves the map) even if
-    /// every request waiting for it goes away: the map holds only lookups under way.
     pub(super) async fn run<F>(&self, key: K, lookup: F) -> Result<V>
     where
         F: Future<Output = Result<V>> + Send + 'static,
     {
         let flight = {
             let mut in_flight = self.in_flight.lock();
-            match in_flight.get(&key) {
-                Some(flight) => flight.clone(),
+            match in_flight.by_key.get(&key).and_then(WeakShared::upgrade) {
+                Some(flight) => flight,
                 None => {
-                    let map = self.in_flight.clone();
-                    let done_key = key.clone();
-                    let task = tokio::spawn(async move {
-                        let outcome = lookup.await;
-                        map.lock().remove(&done_key);
-                        outcome
-                    });
-                    let flight = async move {
-                        task.await.unwrap_or_else(|join| {
-                            Err(Error::internal("a token lookup did not finish", join))
-                        })
+                    let flight = self.start(key.clone(), lookup);
+                    // Abandoned lookups leave dead entries (their keys may never come
+                    // back): prune them before the map grows far past the live ones.
+                    if in_flight.by_key.len() >= in_flight.prune_at {
+                        in_flight.by_key.retain(|_, weak| weak.upgrade().is_some());
+                        in_flight.prune_at = (2 * in_flight.by_key.len()).max(PRUNE_AT);
                     }
-                    .boxed()
-                    .shared();
-                    in_flight.insert(key, flight.clone());
+                    let weak = flight.downgrade().expect("a flight not yet polled");
+                    in_flight.by_key.insert(key, weak);
                     flight
                 }
             }
@@ -80,9 +97,25 @@ where
         flight.await
     }
 
+    /// A lookup that leaves the map once it is done. (A newer entry for its key can only
+    /// have replaced it once it was dropped, and then it never finishes.)
+    fn start<F>(&self, key: K, lookup: F) -> Flight<V>
+    where
+        F: Future<Output = Result<V>> + Send + 'static,
+    {
+        let map = self.in_flight.clone();
+        async move {
+            let outcome = lookup.await;
+            map.lock().by_key.remove(&key);
+            outcome
+        }
+        .boxed()
+        .shared()
+    }
+
     #[cfg(test)]
-    fn in_flight(&self) -> usize {
-        self.in_flight.lock().len()
+    fn entries(&self) -> usize {
+        self.in_flight.lock().by_key.len()
     }
 }
 
@@ -133,11 +166,7 @@ mod tests {
             outcomes.windows(2).all(|pair| pair[0] == pair[1]),
             "the requests did not all get the one lookup's outcome: {outcomes:?}"
         );
-        assert_eq!(
-            flights.in_flight(),
-            0,
-            "a finished lookup stayed in the map"
-        );
+        assert_eq!(flights.entries(), 0, "a finished lookup stayed in the map");
 
         // Once it is done, the next request looks up again (the cache, not this, keeps
         // outcomes).
@@ -168,7 +197,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_lookup_whose_requests_all_went_away_still_finishes_and_leaves() {
+    async fn a_lookup_whose_requests_all_went_away_is_dropped_and_started_afresh() {
         let flights = SingleFlight::<&str, u32>::default();
         let runs = Arc::new(AtomicUsize::new(0));
         let (open, gate) = tokio::sync::watch::channel(false);
@@ -178,19 +207,40 @@ mod tests {
         )
         .await;
         assert!(gone.is_err(), "the gated lookup finished early");
-        assert_eq!(flights.in_flight(), 1);
-        open.send(true).unwrap();
-        for _ in 0..100 {
-            if flights.in_flight() == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        // Its one request went away: the lookup was dropped with it (the gate's
+        // receiver with it), and the next request starts a new one.
         assert_eq!(
-            flights.in_flight(),
-            0,
-            "an abandoned lookup stayed in the map"
+            open.receiver_count(),
+            1,
+            "the abandoned lookup is still alive (it holds a receiver of the gate)"
         );
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        open.send(true).unwrap();
+        assert_eq!(
+            flights
+                .run("token", counted(&runs, &gate, 2))
+                .await
+                .unwrap(),
+            2
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        assert_eq!(flights.entries(), 0);
+    }
+
+    #[tokio::test]
+    async fn abandoned_lookups_of_many_keys_do_not_pile_up() {
+        let flights = SingleFlight::<u32, u32>::default();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (_open, gate) = tokio::sync::watch::channel(false);
+        for key in 0..(4 * PRUNE_AT as u32) {
+            // Polled once, then dropped: a client that sent a token and went away.
+            let lookup = flights.run(key, counted(&runs, &gate, key));
+            assert!(futures::poll!(Box::pin(lookup)).is_pending());
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 4 * PRUNE_AT);
+        assert!(
+            flights.entries() <= PRUNE_AT,
+            "{} entries kept for lookups nobody waits for",
+            flights.entries()
+        );
     }
 }
