@@ -13,7 +13,8 @@
 //! - `registry` — the in-memory state of every live stream (`stream`)
 //! - `appender` — admission (budget, draining, outages) and sequencing → `wal::writer`
 //! - `wal` — the chunk format; `wal::writer` group commit; `wal::recovery` start-up replay
-//! - `record_store` — reading durable batches back (WAL cache, segments, segment cache)
+//! - `record_store` — reading durable batches back (WAL cache, segments, segment cache);
+//!   `segment_lookups` — segment index lookups shared by a stream's readers
 //! - `read` — `StreamReader`, the cursor unary reads and sessions share → `record_store`
 //! - `compaction` — WAL chunks into segments; `lifecycle` — retention, trim, deletions
 //! - `storage` — the `MetadataStore` and `ObjectStore` traits and their backends
@@ -21,7 +22,8 @@
 //!   `metrics` — the metrics API's sets, checks and answers built from them
 //! - `encryption` — sealing and opening records of encrypted streams
 //! - `access` — tokens and scopes; `config`, `names`, `record`, `segment` — domain types
-//! - `in_order` — a queue of waits taken out in order, polling only the front
+//! - `in_order` — a queue of waits taken out in order, polling only the front;
+//!   `single_flight` — one lookup in flight per key, shared by those who ask meanwhile
 //! - `error` — typed errors with a kind, which each front end maps through one table
 
 pub mod access;
@@ -53,7 +55,9 @@ mod record_store;
 mod registry;
 pub mod remote;
 mod segment;
+mod segment_lookups;
 mod segment_merge;
+mod single_flight;
 pub mod storage;
 mod stream;
 pub mod telemetry;

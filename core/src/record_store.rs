@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::read_ahead::{self, ReadAheadBudget};
 use crate::record::SequencedRecord;
 use crate::segment::{parse_segment_key, SegmentRecord};
+use crate::segment_lookups::SegmentLookups;
 use crate::storage::{MetadataStore, ObjectStore};
 use crate::stream::{BatchLocation, Stored};
 use crate::wal::{decode_entry, EntrySpan};
@@ -90,6 +91,8 @@ pub(crate) struct RecordStore {
     /// Recently written WAL chunks (the writer fills it).
     wal_cache: Arc<ChunkCache>,
     segment_cache: ChunkCache,
+    /// The segment index, as readers ask it: lookups shared between them.
+    segments: SegmentLookups,
     /// What read sessions together may hold read ahead.
     read_ahead_budget: ReadAheadBudget,
 }
@@ -102,6 +105,7 @@ impl RecordStore {
         segment_cache_bytes: usize,
     ) -> Self {
         Self {
+            segments: SegmentLookups::new(metadata.clone()),
             metadata,
             objects,
             wal_cache,
@@ -176,11 +180,18 @@ impl RecordStore {
         let stream_id = parse_segment_key(key)
             .ok_or_else(|| Error::storage(format!("`{key}` is not a segment key")))?
             .0;
-        // Each look finds the segment that holds the batch now; a merged segment can
-        // itself be merged and deleted before it is read, so the look is repeated.
+        // Each look finds the segment that holds the batch now, in the index itself (not
+        // what readers were told lately, which may be this very segment); a merged
+        // segment can itself be merged and deleted before it is read, so the look is
+        // repeated.
+        self.segments.forget(stream_id, key);
         let mut missing: Arc<str> = key.clone();
         for _ in 0..MAX_SEGMENT_LOOKS {
-            let Some(segment) = self.segment_at(stream_id, location.start_seq).await? else {
+            let Some(segment) = self
+                .metadata
+                .segment_at(stream_id, location.start_seq)
+                .await?
+            else {
                 return Ok(Vec::new());
             };
             if segment.key == *missing {
@@ -210,9 +221,10 @@ impl RecordStore {
         )))
     }
 
-    /// The stream's segment that holds `seq`, or else the first one after it.
-    pub async fn segment_at(&self, stream_id: u64, seq: u64) -> Result<Option<SegmentRecord>> {
-        self.metadata.segment_at(stream_id, seq).await
+    /// The stream's segment that holds `seq`, or else the first one after it (as seen
+    /// moments ago: see `segment_lookups`).
+    pub async fn segment_at(&self, stream_id: u64, seq: u64) -> Result<Option<Arc<SegmentRecord>>> {
+        self.segments.segment_at(stream_id, seq).await
     }
 
     /// Where the batches of a stream from `from` up to `until` (the end of its compacted
@@ -382,5 +394,50 @@ mod tests {
         );
         objects.delete(&merged.key).await.unwrap();
         assert!(store(wal_cache).load(&location).await.unwrap().is_empty());
+    }
+
+    /// A reader told where a batch lies by a lookup shared lately, after the segment was
+    /// dropped and its object deleted: the read finds nothing there, and the next
+    /// listing asks the index again rather than being told the same (which would read
+    /// the same nothing for as long as the answer was kept).
+    #[tokio::test]
+    async fn a_dropped_segment_is_listed_no_more_once_found_gone() {
+        let (metadata, _dir) = SqlMetadataStore::temporary().await;
+        let metadata = Arc::new(metadata);
+        let objects = Arc::new(MemoryObjectStore::default());
+        let now = OffsetDateTime::now_utc();
+        let stream = create_basin_and_stream(metadata.as_ref(), "dropped-test", "s", now).await;
+        let (first, first_bytes) = segment(stream.id, 0, &["a", "b"]);
+        let (second, second_bytes) = segment(stream.id, 2, &["c"]);
+        objects.put(&first.key, first_bytes).await.unwrap();
+        objects.put(&second.key, second_bytes).await.unwrap();
+        let commit = CompactionCommit {
+            segments: vec![first.clone(), second.clone()],
+            ..Default::default()
+        };
+        metadata.commit_compaction(&commit, now).await.unwrap();
+        let wal_cache = Arc::new(ChunkCache::new(1 << 20));
+        let store = RecordStore::new(metadata.clone(), objects.clone(), wal_cache, 1 << 20);
+        let listed = || async {
+            let mut listing = Listing::new(0, 1, 0);
+            store
+                .segment_locations(stream.id, 0, 3, &mut listing)
+                .await
+                .unwrap()
+        };
+        let before = listed().await;
+        assert_eq!(&*before[0].object, first.key.as_str());
+
+        assert_eq!(
+            metadata
+                .drop_segments(stream.id, 2, 0, 10, now)
+                .await
+                .unwrap(),
+            1
+        );
+        objects.delete(&first.key).await.unwrap();
+        assert!(store.load(&before[0]).await.unwrap().is_empty());
+        let after = listed().await;
+        assert_eq!(&*after[0].object, second.key.as_str());
     }
 }

@@ -5,7 +5,6 @@ mod principal;
 mod registry;
 mod scope;
 pub mod secret;
-mod single_flight;
 mod throttle;
 
 use serde::{Deserialize, Serialize};

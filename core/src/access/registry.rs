@@ -12,10 +12,10 @@ use parking_lot::Mutex;
 use time::OffsetDateTime;
 
 use super::principal::Principal;
-use super::single_flight::SingleFlight;
 use super::throttle::FailedAuthThrottle;
 use super::{secret, AccessTokenInfo, Scope, ROOT_TOKEN_ID};
 use crate::error::{Error, Resource, Result};
+use crate::single_flight::SingleFlight;
 use crate::storage::metadata::{ListPage, ListRange, MetadataStore};
 
 /// How long a verified token is trusted without asking the metadata store again: the

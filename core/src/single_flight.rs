@@ -1,15 +1,20 @@
 //! [`SingleFlight`]: one lookup in flight per key, whose outcome every request that asks
 //! for the key meanwhile shares.
 //!
-//! Why: a verified token is cached for `CACHE_TTL`, and every batch a read session sends
-//! re-verifies its token. When the entry expires, every request that finds it expired
-//! would start its own metadata lookup until one of them refreshed it: with 10,000
-//! sessions on one token, thousands of lookups queued on the metadata pool every few
-//! seconds, and their deliveries with them.
+//! Why: some lookups in the metadata store are made by many requests at the same moment,
+//! and the pool's few connections would serve them one after another:
+//!
+//! - A verified token is cached for `CACHE_TTL`, and every batch a read session sends
+//!   re-verifies its token. When the entry expires, every request that finds it expired
+//!   would look it up: with 10,000 sessions on one token, thousands of lookups queued on
+//!   the pool every few seconds, and their deliveries with them (`access::registry`).
+//! - When compaction moves a stream's newest records into a segment, every follower a
+//!   little behind the tail asks the segment index where its next records are
+//!   (`segment_lookups`).
 //!
 //! A lookup is driven by the requests waiting for it, as an unshared one would be: when
-//! they all go away it is dropped, so clients that send tokens and hang up leave no work
-//! behind.
+//! they all go away it is dropped, so clients that send requests and hang up leave no
+//! work behind.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -26,7 +31,7 @@ type Flight<V> = Shared<BoxFuture<'static, Result<V>>>;
 /// Entries kept before the map is pruned of lookups every request has left.
 const PRUNE_AT: usize = 1024;
 
-pub(super) struct SingleFlight<K, V: Clone> {
+pub(crate) struct SingleFlight<K, V: Clone> {
     /// The lookups under way, held weakly: their requests keep them alive, so a lookup
     /// every request has left (clients that went away) is dropped, as an unshared one
     /// would be, rather than run on for nobody.
@@ -72,7 +77,7 @@ where
 {
     /// The outcome of `lookup` for `key`: the one already in flight for `key` if there is
     /// one (and `lookup` is not run), otherwise a new one.
-    pub(super) async fn run<F>(&self, key: K, lookup: F) -> Result<V>
+    pub(crate) async fn run<F>(&self, key: K, lookup: F) -> Result<V>
     where
         F: Future<Output = Result<V>> + Send + 'static,
     {
