@@ -98,7 +98,7 @@ const START_RETRY_FIRST: Duration = Duration::from_millis(500);
 const START_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// The least time obsolete objects stay after the commit that made them obsolete.
-const MIN_OBSOLETE_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const MIN_OBSOLETE_GRACE: Duration = Duration::from_secs(5);
 
 /// Where an append went.
 pub(crate) enum Submitted {

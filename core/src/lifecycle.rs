@@ -20,7 +20,6 @@ use time::OffsetDateTime;
 
 use crate::catalog::Catalog;
 use crate::compaction::Compactor;
-use crate::config::RetentionPolicy;
 use crate::error::Result;
 use crate::names::BasinName;
 use crate::segment::segment_prefix;
@@ -149,24 +148,13 @@ impl Lifecycle {
     /// Retention, trim and delete-on-empty for one stream.
     async fn bound_stream(&self, basin: &BasinName, stream: &Arc<StreamState>) -> Result<()> {
         let config = stream.config();
-        // Records arrived no later than their segment was written.
-        let written_before_ms = match config.retention_policy {
-            Some(RetentionPolicy::Age(secs)) => {
-                crate::record::now_ms().saturating_sub(secs.saturating_mul(1000))
-            }
-            _ => 0,
-        };
-        let (trim_point, compacted) = {
-            let visible = stream.visible();
-            (visible.trim_point, visible.compacted)
-        };
+        let retained = stream.retained();
+        let compacted = stream.visible().compacted;
         // Only the oldest segment is looked at unless there is something to drop.
         let first = self.oldest_segment(stream.id, compacted.seq_num).await?;
-        if first.is_some_and(|(end_seq, written_at_ms)| {
-            end_seq <= trim_point || written_at_ms < written_before_ms
-        }) {
+        if first.is_some_and(|(end_seq, written_at_ms)| retained.excludes(end_seq, written_at_ms)) {
             self.oldest.lock().remove(&stream.id);
-            self.drop_segments_in_steps(stream.id, trim_point, written_before_ms)
+            self.drop_segments_in_steps(stream.id, retained.trim_point, retained.written_since_ms)
                 .await?;
         }
         let min_age = config.delete_on_empty.map_or(0, |d| d.min_age_secs);

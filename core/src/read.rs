@@ -446,7 +446,10 @@ impl LocalReader {
         if position < compacted_through {
             // Past records that retention removed too, so `position` is the first
             // retained record (what XLEN counts from).
-            position = match store.segment_at(state.id, position).await? {
+            position = match store
+                .segment_at(state.id, position, state.retained())
+                .await?
+            {
                 Some(segment) => position.max(segment.start_seq()).min(compacted_through),
                 None => compacted_through,
             };
@@ -570,7 +573,13 @@ impl LocalReader {
         if start_seq < compacted_through {
             let in_segments = self
                 .store
-                .segment_locations(self.state.id, start_seq, compacted_through, &mut wanted)
+                .segment_locations(
+                    self.state.id,
+                    self.state.retained(),
+                    start_seq,
+                    compacted_through,
+                    &mut wanted,
+                )
                 .await?;
             first_retained = in_segments
                 .first()

@@ -13,7 +13,7 @@ use crate::record::SequencedRecord;
 use crate::segment::{parse_segment_key, SegmentRecord};
 use crate::segment_lookups::SegmentLookups;
 use crate::storage::{MetadataStore, ObjectStore};
-use crate::stream::{BatchLocation, Stored};
+use crate::stream::{BatchLocation, Retained, Stored};
 use crate::wal::{decode_entry, EntrySpan};
 
 /// How much of a stream a read lists: batches until they hold `max_records` records
@@ -221,25 +221,31 @@ impl RecordStore {
         )))
     }
 
-    /// The stream's segment that holds `seq`, or else the first one after it (as seen
-    /// moments ago: see `segment_lookups`).
-    pub async fn segment_at(&self, stream_id: u64, seq: u64) -> Result<Option<Arc<SegmentRecord>>> {
-        self.segments.segment_at(stream_id, seq).await
+    /// The segment of a stream that keeps `retained` that holds `seq`, or else the first
+    /// one after it (as found moments ago: see `segment_lookups`).
+    pub async fn segment_at(
+        &self,
+        stream_id: u64,
+        seq: u64,
+        retained: Retained,
+    ) -> Result<Option<Arc<SegmentRecord>>> {
+        self.segments.segment_at(stream_id, seq, retained).await
     }
 
-    /// Where the batches of a stream from `from` up to `until` (the end of its compacted
-    /// records) lie in segments, as many as `listing` wants. Batches that were trimmed or
-    /// expired are not there: the first one returned may start later.
+    /// Where the batches of a stream that keeps `retained` from `from` up to `until` (the
+    /// end of its compacted records) lie in segments, as many as `listing` wants. Batches
+    /// that were trimmed or expired are not there: the first one returned may start later.
     pub async fn segment_locations(
         &self,
         stream_id: u64,
+        retained: Retained,
         mut from: u64,
         until: u64,
         listing: &mut Listing,
     ) -> Result<Vec<BatchLocation>> {
         let mut locations = Vec::new();
         while from < until && listing.wants_another_segment() {
-            let Some(segment) = self.segment_at(stream_id, from).await? else {
+            let Some(segment) = self.segment_at(stream_id, from, retained).await? else {
                 break;
             };
             // A segment committed after the caller looked at `until` holds records the
@@ -396,10 +402,11 @@ mod tests {
         assert!(store(wal_cache).load(&location).await.unwrap().is_empty());
     }
 
-    /// A reader told where a batch lies by a lookup shared lately, after the segment was
-    /// dropped and its object deleted: the read finds nothing there, and the next
-    /// listing asks the index again rather than being told the same (which would read
-    /// the same nothing for as long as the answer was kept).
+    /// A reader told where a batch lies by a lookup kept lately, whose segment is gone by
+    /// the time it reads (its object missing: an operator's mistake, or a grace period
+    /// cut short): the read finds nothing there, and the next listing asks the index
+    /// again rather than being told the same, which would read the same nothing for as
+    /// long as the answer was kept.
     #[tokio::test]
     async fn a_dropped_segment_is_listed_no_more_once_found_gone() {
         let (metadata, _dir) = SqlMetadataStore::temporary().await;
@@ -421,7 +428,7 @@ mod tests {
         let listed = || async {
             let mut listing = Listing::new(0, 1, 0);
             store
-                .segment_locations(stream.id, 0, 3, &mut listing)
+                .segment_locations(stream.id, Retained::default(), 0, 3, &mut listing)
                 .await
                 .unwrap()
         };

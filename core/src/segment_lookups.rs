@@ -1,26 +1,35 @@
 //! [`SegmentLookups`]: segment index lookups shared by the readers of a stream.
 //!
 //! Why: when compaction moves a stream's newest records into a segment, every follower
-//! still a little behind the tail must look up where its next records are now, all at
-//! the same moment. `tail_bench` with 10,000 followers saw bursts of hundreds of these
-//! queries within 0.1 s, and in one run 3,500 of them queued on the metadata pool at
-//! once: deliveries waited 3 s behind them, and the node's own lease renewal went
+//! still a little behind the tail must look up the segment its next records are now in,
+//! all at the same moment. `tail_bench` with 10,000 followers saw bursts of hundreds of
+//! these queries within 0.1 s, and in one run 3,500 of them queued on the metadata pool
+//! at once: deliveries waited 3 s behind them, and the node's own lease renewal went
 //! unanswered for 2 s.
 //!
 //! So lookups are shared two ways:
 //!
 //! - While one is in flight for a stream, the others for that stream wait for it, and
-//!   take its answer when the segment it found holds the position they want (otherwise
-//!   they ask for their own).
+//!   take its answer when the segment it found holds the position they want. (One that
+//!   wants a position elsewhere then asks on its own: a reader of history far from the
+//!   others may wait for one lookup before its own.)
 //! - A segment found is kept for `KEEP_FOR` (the newest few per stream, within a bound
 //!   on the whole), and lookups of positions it holds are answered from it.
 //!
-//! A kept segment may meanwhile be merged into another or dropped (trimmed, expired).
-//! A merged one stays readable, with the same records, for the grace period before its
-//! object is deleted. Once the object is gone, the read that misses it asks the index
-//! itself (`RecordStore::vanished_segment`) and has the kept copy forgotten.
+//! A kept answer is as good as a fresh one, because of what can happen to a segment
+//! meanwhile:
+//!
+//! - Trimmed, or expired by retention: its index row is dropped at once, but a reader
+//!   says what its stream keeps now ([`Retained`]), and a kept segment outside that is not
+//!   answered; the index is asked.
+//! - Merged into a larger one: it stays readable, with the same records in the same
+//!   batches, until its object is deleted at least `MIN_OBSOLETE_GRACE` after the merge,
+//!   longer than it is kept.
+//! - Gone all the same (an object missing): the read that finds it so asks the index
+//!   itself (`RecordStore::vanished_segment`), which also forgets the kept copy.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,9 +39,12 @@ use crate::error::Result;
 use crate::segment::SegmentRecord;
 use crate::single_flight::SingleFlight;
 use crate::storage::MetadataStore;
+use crate::stream::Retained;
 
-/// How long a segment found is kept, which bounds how stale a kept answer can be.
+/// How long a segment found is kept.
 const KEEP_FOR: Duration = Duration::from_secs(5);
+// A segment kept after a merge made it obsolete must still be readable when answered.
+const _: () = assert!(KEEP_FOR.as_millis() <= crate::engine::MIN_OBSOLETE_GRACE.as_millis());
 /// Segments kept per stream: the ones found last.
 const KEPT_PER_STREAM: usize = 2;
 /// Bounds on what is kept in all: streams, and segment index entries (40 bytes each).
@@ -71,23 +83,33 @@ impl SegmentLookups {
         }
     }
 
-    /// The stream's segment that holds `seq`, or else the first one after it.
-    pub async fn segment_at(&self, stream_id: u64, seq: u64) -> Result<Option<Arc<SegmentRecord>>> {
-        if let Some(segment) = self.kept.lock().holding(stream_id, seq) {
+    /// The stream's segment that holds `seq`, or else the first one after it, for a
+    /// reader of a stream that keeps `retained`.
+    pub async fn segment_at(
+        &self,
+        stream_id: u64,
+        seq: u64,
+        retained: Retained,
+    ) -> Result<Option<Arc<SegmentRecord>>> {
+        let kept = self
+            .kept
+            .lock()
+            .holding(stream_id, seq, retained, Instant::now());
+        if let Some(segment) = kept {
             return Ok(Some(segment));
         }
-        let lookup = look_up(self.metadata.clone(), self.kept.clone(), stream_id, seq);
-        match self.flights.run(stream_id, lookup).await? {
+        match self
+            .flights
+            .run(stream_id, self.look_up(stream_id, seq))
+            .await?
+        {
             Found { asked, segment } if asked == seq => Ok(segment),
             Found {
                 segment: Some(segment),
                 ..
             } if holds(&segment, seq) => Ok(Some(segment)),
             // An answer for another position says nothing about this one.
-            _ => {
-                let lookup = look_up(self.metadata.clone(), self.kept.clone(), stream_id, seq);
-                Ok(lookup.await?.segment)
-            }
+            _ => Ok(self.look_up(stream_id, seq).await?.segment),
         }
     }
 
@@ -95,23 +117,21 @@ impl SegmentLookups {
     pub fn forget(&self, stream_id: u64, key: &str) {
         self.kept.lock().remove(stream_id, key);
     }
-}
 
-/// Asks the index, and keeps the segment found.
-async fn look_up(
-    metadata: Arc<dyn MetadataStore>,
-    kept: Arc<Mutex<Kept>>,
-    stream_id: u64,
-    seq: u64,
-) -> Result<Found> {
-    let segment = metadata.segment_at(stream_id, seq).await?.map(Arc::new);
-    if let Some(segment) = &segment {
-        kept.lock().insert(segment.clone());
+    /// Asks the index, and keeps the segment found.
+    fn look_up(&self, stream_id: u64, seq: u64) -> impl Future<Output = Result<Found>> + 'static {
+        let (metadata, kept) = (self.metadata.clone(), self.kept.clone());
+        async move {
+            let segment = metadata.segment_at(stream_id, seq).await?.map(Arc::new);
+            if let Some(segment) = &segment {
+                kept.lock().insert(segment.clone(), Instant::now());
+            }
+            Ok(Found {
+                asked: seq,
+                segment,
+            })
+        }
     }
-    Ok(Found {
-        asked: seq,
-        segment,
-    })
 }
 
 fn holds(segment: &SegmentRecord, seq: u64) -> bool {
@@ -119,67 +139,80 @@ fn holds(segment: &SegmentRecord, seq: u64) -> bool {
 }
 
 impl Kept {
-    fn holding(&self, stream_id: u64, seq: u64) -> Option<Arc<SegmentRecord>> {
+    fn holding(
+        &self,
+        stream_id: u64,
+        seq: u64,
+        retained: Retained,
+        now: Instant,
+    ) -> Option<Arc<SegmentRecord>> {
         self.by_stream
             .get(&stream_id)?
             .iter()
-            .find(|(segment, at)| at.elapsed() < KEEP_FOR && holds(segment, seq))
+            .find(|(segment, at)| {
+                now.duration_since(*at) < KEEP_FOR
+                    && holds(segment, seq)
+                    && !retained.excludes(segment.end_seq(), segment.written_at_ms)
+            })
             .map(|(segment, _)| segment.clone())
     }
 
-    fn insert(&mut self, segment: Arc<SegmentRecord>) {
+    fn insert(&mut self, segment: Arc<SegmentRecord>, now: Instant) {
         let size = segment.entries.len();
         if size > MAX_KEPT_SEGMENT_ENTRIES {
             return;
         }
         let known = self.by_stream.contains_key(&segment.stream_id);
-        if self.entries + size > KEPT_ENTRIES || (!known && self.by_stream.len() >= KEPT_STREAMS) {
-            self.drop_expired();
-            if self.entries + size > KEPT_ENTRIES || self.by_stream.len() >= KEPT_STREAMS {
+        let full = |kept: &Kept| {
+            kept.entries + size > KEPT_ENTRIES || (!known && kept.by_stream.len() >= KEPT_STREAMS)
+        };
+        if full(self) {
+            self.drop_expired(now);
+            if full(self) {
                 self.by_stream.clear();
                 self.entries = 0;
             }
         }
         // A fresh answer replaces what was kept of the same segment.
         let stream = self.by_stream.entry(segment.stream_id).or_default();
-        let mut dropped = 0;
-        stream.retain(|(other, _)| {
-            let same = other.key == segment.key;
-            if same {
-                dropped += other.entries.len();
-            }
-            !same
-        });
+        let mut dropped = take_out(stream, &segment.key);
         if stream.len() >= KEPT_PER_STREAM {
             dropped += stream.remove(0).0.entries.len();
         }
         self.entries = self.entries - dropped + size;
-        stream.push((segment, Instant::now()));
+        stream.push((segment, now));
     }
 
     fn remove(&mut self, stream_id: u64, key: &str) {
-        if let Some(stream) = self.by_stream.get_mut(&stream_id) {
-            stream.retain(|(segment, _)| segment.key != key);
+        let Some(stream) = self.by_stream.get_mut(&stream_id) else {
+            return;
+        };
+        let dropped = take_out(stream, key);
+        if stream.is_empty() {
+            self.by_stream.remove(&stream_id);
         }
-        self.recount();
+        self.entries -= dropped;
     }
 
-    fn drop_expired(&mut self) {
-        for stream in self.by_stream.values_mut() {
-            stream.retain(|(_, at)| at.elapsed() < KEEP_FOR);
-        }
-        self.recount();
-    }
-
-    /// Recounts the entries kept, and drops streams left with none.
-    fn recount(&mut self) {
-        self.by_stream.retain(|_, stream| !stream.is_empty());
+    fn drop_expired(&mut self, now: Instant) {
+        self.by_stream.retain(|_, stream| {
+            stream.retain(|(_, at)| now.duration_since(*at) < KEEP_FOR);
+            !stream.is_empty()
+        });
         self.entries = self
             .by_stream
             .values()
             .flatten()
             .map(|(segment, _)| segment.entries.len())
             .sum();
+    }
+}
+
+/// Takes the segment `key` out of a stream's kept ones; the index entries it had.
+fn take_out(stream: &mut Vec<(Arc<SegmentRecord>, Instant)>, key: &str) -> usize {
+    match stream.iter().position(|(segment, _)| segment.key == key) {
+        Some(at) => stream.remove(at).0.entries.len(),
+        None => 0,
     }
 }
 
@@ -233,8 +266,10 @@ mod tests {
     async fn readers_of_one_segment_share_one_answer() {
         let (metadata, _dir, id) = indexed().await;
         let lookups = SegmentLookups::new(metadata);
+        let keeps_all = Retained::default();
         let answers =
-            futures::future::join_all((0..100).map(|i| lookups.segment_at(id, i % 10))).await;
+            futures::future::join_all((0..100).map(|i| lookups.segment_at(id, i % 10, keeps_all)))
+                .await;
         let first = answers[0].as_ref().unwrap().clone().unwrap();
         assert_eq!((first.start_seq(), first.end_seq()), (0, 10));
         for answer in &answers {
@@ -244,40 +279,120 @@ mod tests {
             ));
         }
         // Kept: a later reader gets the same answer without asking.
-        let later = lookups.segment_at(id, 9).await.unwrap().unwrap();
+        let later = lookups.segment_at(id, 9, keeps_all).await.unwrap().unwrap();
         assert!(Arc::ptr_eq(&later, &first));
-        let next = lookups.segment_at(id, 10).await.unwrap().unwrap();
+        let next = lookups
+            .segment_at(id, 10, keeps_all)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!((next.start_seq(), next.end_seq()), (10, 20));
-        assert!(lookups.segment_at(id, 20).await.unwrap().is_none());
+        assert!(lookups
+            .segment_at(id, 20, keeps_all)
+            .await
+            .unwrap()
+            .is_none());
     }
 
-    /// A segment dropped from the index is still answered from what was kept, until a
-    /// reader finds its object gone and has it forgotten; then the index answers again.
+    /// Readers asking at once for positions in different segments: the one whose
+    /// position the shared answer does not hold gets its own.
     #[tokio::test]
-    async fn a_kept_segment_is_forgotten_when_found_gone() {
+    async fn a_reader_elsewhere_gets_its_own_answer() {
+        let (metadata, _dir, id) = indexed().await;
+        let lookups = SegmentLookups::new(metadata);
+        let keeps_all = Retained::default();
+        let (low, high) = futures::join!(
+            lookups.segment_at(id, 5, keeps_all),
+            lookups.segment_at(id, 15, keeps_all)
+        );
+        assert_eq!(low.unwrap().unwrap().start_seq(), 0);
+        assert_eq!(high.unwrap().unwrap().start_seq(), 10);
+    }
+
+    /// A segment trimmed or expired away is dropped from the index at once; what was
+    /// kept of it is not answered to a reader whose stream no longer keeps it.
+    #[tokio::test]
+    async fn a_kept_segment_the_stream_no_longer_keeps_is_not_answered() {
         let (metadata, _dir, id) = indexed().await;
         let lookups = SegmentLookups::new(metadata.clone());
-        let kept = lookups.segment_at(id, 3).await.unwrap().unwrap();
+        let kept = lookups
+            .segment_at(id, 3, Retained::default())
+            .await
+            .unwrap()
+            .unwrap();
         let now = OffsetDateTime::now_utc();
         assert_eq!(metadata.drop_segments(id, 10, 0, 10, now).await.unwrap(), 1);
-        let again = lookups.segment_at(id, 3).await.unwrap().unwrap();
+        // Trimmed to 10: the index is asked, and has the next segment.
+        let trimmed = Retained {
+            trim_point: 10,
+            written_since_ms: 0,
+        };
+        let fresh = lookups.segment_at(id, 3, trimmed).await.unwrap().unwrap();
+        assert_eq!(fresh.start_seq(), 10);
+        // Expired by age (the segment was written at 1 ms): likewise.
+        let expired = Retained {
+            trim_point: 0,
+            written_since_ms: 2,
+        };
+        let fresh = lookups.segment_at(id, 3, expired).await.unwrap().unwrap();
+        assert_eq!(fresh.start_seq(), 10);
+        // A reader that says it keeps everything is still answered from what was kept:
+        // the bound is what tells a dropped segment from a live one.
+        let again = lookups
+            .segment_at(id, 3, Retained::default())
+            .await
+            .unwrap()
+            .unwrap();
         assert!(Arc::ptr_eq(&again, &kept));
+    }
+
+    /// A kept segment found gone is forgotten: the next lookup asks the index.
+    #[tokio::test]
+    async fn a_forgotten_segment_is_looked_up_afresh() {
+        let (metadata, _dir, id) = indexed().await;
+        let lookups = SegmentLookups::new(metadata);
+        let kept = lookups
+            .segment_at(id, 3, Retained::default())
+            .await
+            .unwrap()
+            .unwrap();
         lookups.forget(id, &kept.key);
-        let fresh = lookups.segment_at(id, 3).await.unwrap().unwrap();
-        assert_eq!(
-            fresh.start_seq(),
-            10,
-            "the first segment after the dropped one"
-        );
+        let fresh = lookups
+            .segment_at(id, 3, Retained::default())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!Arc::ptr_eq(&fresh, &kept));
+        assert_eq!(*fresh, *kept);
+    }
+
+    #[test]
+    fn a_segment_is_kept_for_a_while() {
+        let mut kept = Kept::default();
+        let found_at = Instant::now();
+        kept.insert(Arc::new(segment(1, 0..10)), found_at);
+        kept.insert(Arc::new(segment(2, 0..10)), found_at + KEEP_FOR / 2);
+        let keeps_all = Retained::default();
+        assert!(kept
+            .holding(1, 5, keeps_all, found_at + KEEP_FOR / 2)
+            .is_some());
+        assert!(kept.holding(1, 5, keeps_all, found_at + KEEP_FOR).is_none());
+        // Dropping the expired ones keeps the others, and the count of entries.
+        kept.drop_expired(found_at + KEEP_FOR);
+        assert!(!kept.by_stream.contains_key(&1));
+        assert!(kept.holding(2, 5, keeps_all, found_at + KEEP_FOR).is_some());
+        assert_eq!(kept.entries, 10);
     }
 
     #[test]
     fn what_is_kept_stays_within_its_bounds() {
         let mut kept = Kept::default();
+        let now = Instant::now();
+        let keeps_all = Retained::default();
         // Many streams, a few segments each.
         for stream_id in 0..(3 * KEPT_STREAMS as u64) {
             for start in [0, 10, 20] {
-                kept.insert(Arc::new(segment(stream_id, start..start + 10)));
+                kept.insert(Arc::new(segment(stream_id, start..start + 10)), now);
                 assert!(kept.by_stream.len() <= KEPT_STREAMS);
                 assert!(kept.entries <= KEPT_ENTRIES);
             }
@@ -286,21 +401,29 @@ mod tests {
         assert_eq!(per_stream, KEPT_PER_STREAM);
         // The newest of a stream's segments are the ones kept.
         let last = 3 * KEPT_STREAMS as u64 - 1;
-        assert!(kept.holding(last, 25).is_some());
-        assert!(kept.holding(last, 5).is_none());
+        assert!(kept.holding(last, 25, keeps_all, now).is_some());
+        assert!(kept.holding(last, 5, keeps_all, now).is_none());
+        // With the streams at their bound, a stream already kept is added to, not
+        // everything dropped.
+        while kept.by_stream.len() < KEPT_STREAMS {
+            let next = 10 * KEPT_STREAMS as u64 + kept.by_stream.len() as u64;
+            kept.insert(Arc::new(segment(next, 0..1)), now);
+        }
+        kept.insert(Arc::new(segment(last, 30..40)), now);
+        assert_eq!(kept.by_stream.len(), KEPT_STREAMS);
         // Large segments: the entries stay bounded, and one too large is not kept.
         for stream_id in 0..8 {
-            kept.insert(Arc::new(segment(
-                stream_id,
-                0..MAX_KEPT_SEGMENT_ENTRIES as u64,
-            )));
+            kept.insert(
+                Arc::new(segment(stream_id, 0..MAX_KEPT_SEGMENT_ENTRIES as u64)),
+                now,
+            );
             assert!(kept.entries <= KEPT_ENTRIES);
         }
-        kept.insert(Arc::new(segment(
-            99,
-            0..MAX_KEPT_SEGMENT_ENTRIES as u64 + 1,
-        )));
-        assert!(kept.holding(99, 0).is_none());
+        kept.insert(
+            Arc::new(segment(99, 0..MAX_KEPT_SEGMENT_ENTRIES as u64 + 1)),
+            now,
+        );
+        assert!(kept.holding(99, 0, keeps_all, now).is_none());
         // What the count says is what is there.
         let counted: usize = kept
             .by_stream

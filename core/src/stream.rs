@@ -69,6 +69,24 @@ pub(crate) struct VisibleState {
     pub batches: Vec<BatchLocation>,
 }
 
+/// What a stream keeps: its records from `trim_point` on, in segments written at or after
+/// `written_since_ms` (its retention age ago). Lifecycle drops the segments outside it
+/// from the index; readers take no answer kept from before of such a segment
+/// (`segment_lookups`), because it may have been dropped since.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Retained {
+    pub trim_point: u64,
+    pub written_since_ms: u64,
+}
+
+impl Retained {
+    /// Whether a segment ending at `end_seq`, written at `written_at_ms`, lies outside
+    /// what the stream keeps.
+    pub fn excludes(&self, end_seq: u64, written_at_ms: u64) -> bool {
+        end_seq <= self.trim_point || written_at_ms < self.written_since_ms
+    }
+}
+
 /// The group ops durable so far, for answers that must wait until what they saw is.
 type GroupOpsDurable = watch::Sender<u64>;
 
@@ -220,6 +238,21 @@ impl StreamState {
 
     pub fn sequencer(&self) -> &Mutex<SequencerState> {
         &self.sequencer
+    }
+
+    /// What the stream keeps now, by its trim point and retention age. (Records arrived
+    /// no later than their segment was written, so a segment's age bounds theirs.)
+    pub fn retained(&self) -> Retained {
+        let written_since_ms = match self.config().retention_policy {
+            Some(crate::config::RetentionPolicy::Age(secs)) => {
+                crate::record::now_ms().saturating_sub(secs.saturating_mul(1000))
+            }
+            _ => 0,
+        };
+        Retained {
+            trim_point: self.visible().trim_point,
+            written_since_ms,
+        }
     }
 
     pub fn visible(&self) -> parking_lot::RwLockReadGuard<'_, VisibleState> {
