@@ -342,27 +342,42 @@ mod tests {
         records.iter().map(|r| r.body.as_ref()).collect()
     }
 
-    /// A reader that found a batch in a segment before it was merged away (and deleted)
-    /// reads the batch from the merged segment; once the batch is trimmed, nothing.
-    #[tokio::test]
-    async fn a_batch_of_a_merged_away_segment_is_read_from_the_merged_one() {
+    /// A stream whose records "a", "b" lie in a first segment and "c" in a second, both
+    /// stored and indexed: the stores (and the metadata's directory), the stream's id,
+    /// the two segments, and when they were committed.
+    type TwoSegments = (
+        Arc<SqlMetadataStore>,
+        Arc<MemoryObjectStore>,
+        tempfile::TempDir,
+        u64,
+        (SegmentRecord, SegmentRecord),
+        OffsetDateTime,
+    );
+
+    async fn two_segments(basin: &str) -> TwoSegments {
         let (metadata, _dir) = SqlMetadataStore::temporary().await;
         let metadata = Arc::new(metadata);
         let objects = Arc::new(MemoryObjectStore::default());
         let now = OffsetDateTime::now_utc();
-        let stream = create_basin_and_stream(metadata.as_ref(), "merge-test", "s", now).await;
+        let stream = create_basin_and_stream(metadata.as_ref(), basin, "s", now).await;
         let (first, first_bytes) = segment(stream.id, 0, &["a", "b"]);
         let (second, second_bytes) = segment(stream.id, 2, &["c"]);
-        objects.put(&first.key, first_bytes.clone()).await.unwrap();
-        objects
-            .put(&second.key, second_bytes.clone())
-            .await
-            .unwrap();
+        objects.put(&first.key, first_bytes).await.unwrap();
+        objects.put(&second.key, second_bytes).await.unwrap();
         let commit = CompactionCommit {
             segments: vec![first.clone(), second.clone()],
             ..Default::default()
         };
         metadata.commit_compaction(&commit, now).await.unwrap();
+        (metadata, objects, _dir, stream.id, (first, second), now)
+    }
+
+    /// A reader that found a batch in a segment before it was merged away (and deleted)
+    /// reads the batch from the merged segment; once the batch is trimmed, nothing.
+    #[tokio::test]
+    async fn a_batch_of_a_merged_away_segment_is_read_from_the_merged_one() {
+        let (metadata, objects, _dir, stream_id, (first, second), now) =
+            two_segments("merge-test").await;
         let store = |cache| RecordStore::new(metadata.clone(), objects.clone(), cache, 1 << 20);
         let wal_cache = Arc::new(ChunkCache::new(1 << 20));
         let location = BatchLocation::in_segment(second.key.as_str().into(), &second.entries[0]);
@@ -373,7 +388,7 @@ mod tests {
 
         // Merged, the old objects deleted: a fresh store (nothing cached) reads "c" from
         // the merged segment, where the batch lies at another offset.
-        let (mut merged, merged_bytes) = segment(stream.id, 0, &["a", "b", "c"]);
+        let (mut merged, merged_bytes) = segment(stream_id, 0, &["a", "b", "c"]);
         merged.key = "segments/merged".into();
         objects.put(&merged.key, merged_bytes).await.unwrap();
         let replaced = [first.key.clone(), second.key.clone()];
@@ -393,7 +408,7 @@ mod tests {
         // Trimmed past it: the merged segment goes too, and the batch reads as nothing.
         assert_eq!(
             metadata
-                .drop_segments(stream.id, 3, 0, 10, now)
+                .drop_segments(stream_id, 3, 0, 10, now)
                 .await
                 .unwrap(),
             1
@@ -409,26 +424,14 @@ mod tests {
     /// long as the answer was kept.
     #[tokio::test]
     async fn a_dropped_segment_is_listed_no_more_once_found_gone() {
-        let (metadata, _dir) = SqlMetadataStore::temporary().await;
-        let metadata = Arc::new(metadata);
-        let objects = Arc::new(MemoryObjectStore::default());
-        let now = OffsetDateTime::now_utc();
-        let stream = create_basin_and_stream(metadata.as_ref(), "dropped-test", "s", now).await;
-        let (first, first_bytes) = segment(stream.id, 0, &["a", "b"]);
-        let (second, second_bytes) = segment(stream.id, 2, &["c"]);
-        objects.put(&first.key, first_bytes).await.unwrap();
-        objects.put(&second.key, second_bytes).await.unwrap();
-        let commit = CompactionCommit {
-            segments: vec![first.clone(), second.clone()],
-            ..Default::default()
-        };
-        metadata.commit_compaction(&commit, now).await.unwrap();
+        let (metadata, objects, _dir, stream_id, (first, second), now) =
+            two_segments("dropped-test").await;
         let wal_cache = Arc::new(ChunkCache::new(1 << 20));
         let store = RecordStore::new(metadata.clone(), objects.clone(), wal_cache, 1 << 20);
         let listed = || async {
             let mut listing = Listing::new(0, 1, 0);
             store
-                .segment_locations(stream.id, Retained::default(), 0, 3, &mut listing)
+                .segment_locations(stream_id, Retained::default(), 0, 3, &mut listing)
                 .await
                 .unwrap()
         };
@@ -437,7 +440,7 @@ mod tests {
 
         assert_eq!(
             metadata
-                .drop_segments(stream.id, 2, 0, 10, now)
+                .drop_segments(stream_id, 2, 0, 10, now)
                 .await
                 .unwrap(),
             1
