@@ -148,9 +148,9 @@ recycled="$(find "$spares" -type f | wc -l)"
 echo "resp-bench: streamgate starts the rows with $recycled recycled files" >&2
 
 # Redis's rows are measured first, all of them, then streamgate's: a streamgate row leaves
-# background work behind (compaction, and the deletion of its compacted chunk files: one
-# per XADD from one connection), which would otherwise share the disk with the Redis rows
-# after it and slow their flushes (durable Redis at 50 connections: 50,000/s with
+# background work behind (compacting its WAL chunks, one per XADD from one connection,
+# and deleting them), which would otherwise share the disk with the Redis rows after it
+# and slow their flushes (durable Redis at 50 connections: 50,000/s with
 # streamgate's rows interleaved, 67,000-77,000/s without). This way any such cost falls
 # on streamgate's own rows. The table is printed once every row is measured (each row as
 # it comes to stderr), so a run that fails prints no half table.
