@@ -3,6 +3,7 @@
 //! stream registry, and the lookup of a live stream (creating it when the basin says
 //! so) that every append and read starts with.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use time::OffsetDateTime;
@@ -10,10 +11,11 @@ use time::OffsetDateTime;
 use crate::config::{
     BasinConfig, BasinReconfiguration, StorageClass, StreamConfig, StreamReconfiguration,
 };
-use crate::error::{Error, Resource, Result};
+use crate::error::{Error, ErrorKind, Resource, Result};
 use crate::names::{BasinName, StreamName};
 use crate::ownership::{Ownership, Placement};
 use crate::registry::StreamRegistry;
+use crate::single_flight::SingleFlight;
 use crate::storage::metadata::{Created, ListRange};
 use crate::storage::{BasinRecord, ListPage, MetadataStore, StreamRecord};
 use crate::stream::StreamState;
@@ -43,7 +45,37 @@ pub(crate) struct Catalog {
     location: String,
     /// Storage class of streams that do not choose one.
     default_storage_class: StorageClass,
+    /// Where streams this node does not sequence are found: one lookup per stream (and
+    /// placement) at a time, shared by the requests that arrive meanwhile.
+    lookups: SingleFlight<(BasinName, StreamName, Placement), Looked>,
 }
+
+/// What a lookup of a stream found, for which request.
+#[derive(Clone)]
+struct Looked {
+    by: u64,
+    found: Result<Option<Arc<StreamState>>>,
+}
+
+impl Looked {
+    /// What request `asker` may take from this lookup: the whole answer if the lookup
+    /// was its own. Another request's lookup began before `asker` arrived, and may have
+    /// missed a stream created or deleted since; from it `asker` takes only that the
+    /// stream cannot be served here now (where it is served, if elsewhere: what the
+    /// sharing is for), which may be a moment stale at a detour's cost (`OwnerCache`).
+    /// `None`: look again.
+    fn answer_for(self, asker: u64) -> Option<Result<Option<Arc<StreamState>>>> {
+        match self.found {
+            found if self.by == asker => Some(found),
+            Err(err) if err.kind() == ErrorKind::Unavailable => Some(Err(err)),
+            _ => None,
+        }
+    }
+}
+
+/// Numbers the requests that look a stream up, to tell a lookup's own request from
+/// those that joined it.
+static NEXT_ASKER: AtomicU64 = AtomicU64::new(0);
 
 fn now_utc() -> OffsetDateTime {
     let now = OffsetDateTime::now_utc();
@@ -72,6 +104,18 @@ async fn detached<T: Send + 'static>(
         .map_err(|e| Error::internal("a metadata change did not finish", e))?
 }
 
+/// A live stream's record, from the metadata.
+async fn live_record(
+    metadata: &dyn MetadataStore,
+    basin: &BasinName,
+    name: &StreamName,
+) -> Result<Option<StreamRecord>> {
+    Ok(metadata
+        .get_stream(basin, name)
+        .await?
+        .filter(|record| record.deleted_at.is_none()))
+}
+
 impl Catalog {
     pub fn new(
         metadata: Arc<dyn MetadataStore>,
@@ -86,6 +130,7 @@ impl Catalog {
             ownership,
             location,
             default_storage_class,
+            lookups: SingleFlight::default(),
         }
     }
 
@@ -274,19 +319,6 @@ impl Catalog {
         }
     }
 
-    /// A live stream's record, from the metadata.
-    async fn live_record(
-        &self,
-        basin: &BasinName,
-        name: &StreamName,
-    ) -> Result<Option<StreamRecord>> {
-        Ok(self
-            .metadata
-            .get_stream(basin, name)
-            .await?
-            .filter(|record| record.deleted_at.is_none()))
-    }
-
     /// A live stream this node sequences, from the registry, or else taken over (see
     /// `Ownership::acquire`; `OwnedElsewhere` if another node serves it).
     async fn known_stream(
@@ -305,9 +337,44 @@ impl Catalog {
                 return Err(Error::OwnedElsewhere { advertise_url });
             }
         }
-        match self.live_record(basin, name).await? {
-            Some(record) => self.ownership.acquire(&record, placement).await.map(Some),
-            None => Ok(None),
+        // Requests for a stream another node sequences arrive together (sessions
+        // opening through this node, each request once the remembered owner has aged
+        // out): without sharing, each would make the two round trips of its own, and
+        // thousands of them queue on the metadata store's few connections.
+        let asker = NEXT_ASKER.fetch_add(1, Ordering::Relaxed);
+        let key = (basin.clone(), name.clone(), placement);
+        let looked = self
+            .lookups
+            .run(key, self.look_up(basin, name, placement, asker))
+            .await?;
+        match looked.answer_for(asker) {
+            Some(answer) => answer,
+            None => match self.registry.get(basin, name) {
+                Some(state) => Ok(Some(state)),
+                None => self.look_up(basin, name, placement, asker).await?.found,
+            },
+        }
+    }
+
+    /// The stream's record, then the stream taken over or found held elsewhere (see
+    /// `Ownership::acquire`), as looked up for request `asker`. The answer is always
+    /// `Ok`, with what was found inside, so that an error also tells whose it is.
+    fn look_up(
+        &self,
+        basin: &BasinName,
+        name: &StreamName,
+        placement: Placement,
+        asker: u64,
+    ) -> impl std::future::Future<Output = Result<Looked>> + Send + 'static {
+        let (metadata, ownership) = (self.metadata.clone(), self.ownership.clone());
+        let (basin, name) = (basin.clone(), name.clone());
+        async move {
+            let found = match live_record(&*metadata, &basin, &name).await {
+                Ok(Some(record)) => ownership.acquire(&record, placement).await.map(Some),
+                Ok(None) => Ok(None),
+                Err(err) => Err(err),
+            };
+            Ok(Looked { by: asker, found })
         }
     }
 
@@ -352,7 +419,7 @@ impl Catalog {
         if let Some(state) = self.registry.get(basin, name) {
             return Ok(state.config());
         }
-        match self.live_record(basin, name).await? {
+        match live_record(&*self.metadata, basin, name).await? {
             Some(record) => Ok(record.config),
             None => Err(self.missing_stream_error(basin, name).await),
         }
@@ -364,7 +431,7 @@ impl Catalog {
         name: &StreamName,
         change: &StreamReconfiguration,
     ) -> Result<StreamConfig> {
-        let Some(record) = self.live_record(basin, name).await? else {
+        let Some(record) = live_record(&*self.metadata, basin, name).await? else {
             return Err(self.missing_stream_error(basin, name).await);
         };
         let basin_record = self.active_basin(basin).await?;
@@ -403,5 +470,44 @@ impl Catalog {
             Ok(())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn looked(by: u64, found: Result<Option<Arc<StreamState>>>) -> Looked {
+        Looked { by, found }
+    }
+
+    fn not_found() -> Error {
+        Error::NotFound(Resource::Stream(StreamName::new("s").unwrap()))
+    }
+
+    #[test]
+    fn a_lookup_answers_its_own_request_whatever_it_found() {
+        assert!(matches!(looked(7, Ok(None)).answer_for(7), Some(Ok(None))));
+        let answer = looked(7, Err(not_found())).answer_for(7);
+        assert!(matches!(answer, Some(Err(Error::NotFound(_)))));
+    }
+
+    #[test]
+    fn a_request_that_joined_takes_only_where_the_stream_is_served() {
+        let elsewhere = Error::OwnedElsewhere {
+            advertise_url: "http://node-b:8080".into(),
+        };
+        let answer = looked(7, Err(elsewhere)).answer_for(8);
+        assert!(
+            matches!(&answer, Some(Err(Error::OwnedElsewhere { advertise_url })) if advertise_url == "http://node-b:8080")
+        );
+        let answer = looked(7, Err(Error::ServerDraining)).answer_for(8);
+        assert!(matches!(answer, Some(Err(Error::ServerDraining))));
+        // A stream found missing, or refused, by a lookup begun before the request
+        // arrived may have been created since: the request looks again.
+        assert!(looked(7, Ok(None)).answer_for(8).is_none());
+        assert!(looked(7, Err(not_found())).answer_for(8).is_none());
+        let invalid = Error::Invalid("no".into());
+        assert!(looked(7, Err(invalid)).answer_for(8).is_none());
     }
 }

@@ -54,7 +54,7 @@ enum TakenAlong {
 }
 
 /// Where a stream without a live owner should be taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Placement {
     /// On the node the placement rule gives (this one or another, which the request is
     /// forwarded to), so streams spread over the nodes.

@@ -115,7 +115,13 @@ async fn bodies_of(endpoint: &str, stream: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_node_serves_every_operation_and_reads_its_peers_writes() {
-    let cluster = Cluster::start(NODES, &["--lease-secs", LEASE_SECS]);
+    let flags = [
+        "--lease-secs",
+        LEASE_SECS,
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let cluster = Cluster::start(NODES, &flags);
     for node in 0..NODES {
         cluster.wait_for_live_nodes(node, NODES).await;
     }
@@ -187,6 +193,38 @@ async fn every_node_serves_every_operation_and_reads_its_peers_writes() {
     assert!(answer.status().is_success(), "{}", answer.status());
     let served_by = answer.headers()["streamgate-served-by"].to_str().unwrap();
     assert!(cluster.node_at(served_by).is_some(), "{served_by}");
+
+    // Requests for the stream that reach that node at once, once the owner it remembers
+    // has aged out, share one lookup of the owner rather than each making their own.
+    let via = cluster.node_at(&elsewhere).unwrap();
+    let multiplexed = streamgate_tests::client_builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let check_tail = || {
+        multiplexed
+            .get(format!("{elsewhere}/v1/streams/{stream}/records/tail"))
+            .header("s2-basin", BASIN)
+            .send()
+    };
+    assert!(check_tail().await.unwrap().status().is_success());
+    // Three times, as how many requests would have found no lookup under way depends on
+    // how quickly each was answered.
+    for _ in 0..3 {
+        // Past the half second an owner is remembered for (`owner_cache` in the core).
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let before = counted(&cluster, &[via], OWNER_LOOKUPS).await;
+        let answers = futures::future::join_all((0..200).map(|_| check_tail())).await;
+        for answer in answers {
+            let status = answer.unwrap().status();
+            assert!(status.is_success(), "check-tail at once: {status}");
+        }
+        let lookups = counted(&cluster, &[via], OWNER_LOOKUPS).await - before;
+        assert!(
+            (1..=2).contains(&lookups),
+            "200 requests at once looked the stream's owner up {lookups} times"
+        );
+    }
 
     // An S2S append session through a node that does not sequence the stream.
     let session_stream = &names[0];
@@ -1016,6 +1054,8 @@ async fn counted(cluster: &Cluster, nodes: &[usize], series: &str) -> u64 {
 const TAKEOVERS: &str = "streamgate_takeovers_total";
 const TAKEN_OVER_STREAMS: &str = "streamgate_taken_over_streams_total";
 const HANDOVERS: &str = "streamgate_handovers_total";
+const OWNER_LOOKUPS: &str =
+    "streamgate_metadata_requests_total{operation=\"looking up a stream's owner\",outcome=\"ok\"}";
 
 /// A node that joins a running cluster takes an even share of the streams from the
 /// others while REST writers and XADDs go on through every node: not one append fails,

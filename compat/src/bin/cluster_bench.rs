@@ -12,7 +12,9 @@
 //!    and the appends that were not acknowledged are counted too.
 //! 2. Forwarding overhead: one client makes check-tails (no storage: the hop alone),
 //!    then 1-record appends, one at a time on one stream, through the node that
-//!    sequences it and through another node by turns.
+//!    sequences it and through another node by turns. Then 2,000 check-tails at once
+//!    through the other node, once its remembered owner has aged out: the owner
+//!    lookups they cost, and the time until all are answered.
 //! 3. Metadata load: PostgreSQL transactions per second per node while the cluster is
 //!    idle, with 10, 1,000 and 10,000 streams held across the nodes (every statement
 //!    outside a transaction is one). Then a fourth node joins: the time until the four
@@ -307,7 +309,7 @@ async fn node_loss(lease: &str, loss: Loss) {
 }
 
 async fn forwarding(calls: usize) {
-    let cluster = Cluster::start(3, &[]);
+    let cluster = Cluster::start(3, &["--metrics-listen", "127.0.0.1:0"]);
     for node in 0..3 {
         cluster.wait_for_live_nodes(node, 3).await;
     }
@@ -360,6 +362,51 @@ async fn forwarding(calls: usize) {
             extra[calls / 2],
         );
     }
+    requests_at_once(&cluster, (owner + 1) % 3).await;
+}
+
+/// Requests that reach a node all at once for a stream another node sequences, just
+/// after the owner the node remembered has aged out (sessions opening together, say):
+/// how many lookups of the owner they cost, and how long until all were answered.
+async fn requests_at_once(cluster: &Cluster, via: usize) {
+    const AT_ONCE: usize = 2000;
+    const ROUNDS: usize = 5;
+    const OWNER_LOOKUPS: &str = "streamgate_metadata_requests_total{operation=\"looking up a stream's owner\",outcome=\"ok\"}";
+    // One HTTP/2 connection, so that the requests arrive together.
+    let http = streamgate_tests::client_builder()
+        .http2_prior_knowledge()
+        .build()
+        .expect("an HTTP client");
+    let endpoint = cluster.endpoint(via);
+    let lookups = || async {
+        let text = cluster.nodes[via].scrape_metrics().await;
+        streamgate_tests::prometheus_sample(&text, OWNER_LOOKUPS).unwrap_or(0.0) as u64
+    };
+    assert!(Call::CheckTail.make(&http, &endpoint).await);
+    let (mut made, mut took) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        // Past the half second a node remembers an owner for.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let before = lookups().await;
+        let started = Instant::now();
+        let answered =
+            futures::future::join_all((0..AT_ONCE).map(|_| Call::CheckTail.make(&http, &endpoint)))
+                .await;
+        took.push(started.elapsed());
+        let failed = answered.iter().filter(|ok| !**ok).count();
+        assert_eq!(
+            failed, 0,
+            "{failed} of {AT_ONCE} check-tails at once failed"
+        );
+        made.push(lookups().await - before);
+    }
+    took.sort();
+    println!(
+        "{AT_ONCE} check-tails at once through another node, {ROUNDS} rounds: owner lookups \
+         {made:?}; all answered in {:.1} ms (median round), {:.1} ms (slowest)",
+        took[ROUNDS / 2].as_secs_f64() * 1e3,
+        took[ROUNDS - 1].as_secs_f64() * 1e3,
+    );
 }
 
 /// A call of the forwarding measurement.
