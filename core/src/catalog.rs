@@ -11,7 +11,7 @@ use time::OffsetDateTime;
 use crate::config::{
     BasinConfig, BasinReconfiguration, StorageClass, StreamConfig, StreamReconfiguration,
 };
-use crate::error::{Error, ErrorKind, Resource, Result};
+use crate::error::{Error, Resource, Result};
 use crate::names::{BasinName, StreamName};
 use crate::ownership::{Ownership, Placement};
 use crate::registry::StreamRegistry;
@@ -48,34 +48,38 @@ pub(crate) struct Catalog {
     /// Where streams this node does not sequence are found: one lookup per stream (and
     /// placement) at a time, shared by the requests that arrive meanwhile.
     lookups: SingleFlight<(BasinName, StreamName, Placement), Looked>,
+    /// Orders the requests that look streams up and the lookups themselves (see
+    /// `Looked::answer_for`).
+    lookup_clock: Arc<AtomicU64>,
 }
 
-/// What a lookup of a stream found, for which request.
+/// What a lookup of a stream found, and when it began (by `lookup_clock`). Always
+/// `Ok` as a flight's outcome, with what was found inside, so that an error too tells
+/// when it was found.
 #[derive(Clone)]
 struct Looked {
-    by: u64,
+    began: u64,
     found: Result<Option<Arc<StreamState>>>,
 }
 
 impl Looked {
-    /// What request `asker` may take from this lookup: the whole answer if the lookup
-    /// was its own. Another request's lookup began before `asker` arrived, and may have
-    /// missed a stream created or deleted since; from it `asker` takes only that the
-    /// stream cannot be served here now (where it is served, if elsewhere: what the
-    /// sharing is for), which may be a moment stale at a detour's cost (`OwnerCache`).
-    /// `None`: look again.
-    fn answer_for(self, asker: u64) -> Option<Result<Option<Arc<StreamState>>>> {
+    /// What a request that arrived at `arrived` (by `lookup_clock`) may take from this
+    /// lookup: the whole answer if the lookup began after the request arrived (its own,
+    /// or one another request started meanwhile). An earlier one may have missed a stream created,
+    /// deleted or taken over since the request arrived; from it the request takes only
+    /// that another node serves the stream, or that this one serves nothing more: a
+    /// moment stale at most, as a remembered owner may be (`OwnerCache`), which costs
+    /// a detour and no wrong answer. `None`: look again.
+    fn answer_for(self, arrived: u64) -> Option<Result<Option<Arc<StreamState>>>> {
         match self.found {
-            found if self.by == asker => Some(found),
-            Err(err) if err.kind() == ErrorKind::Unavailable => Some(Err(err)),
+            found if self.began > arrived => Some(found),
+            Err(
+                err @ (Error::OwnedElsewhere { .. } | Error::ServerDraining | Error::LeaseLost),
+            ) => Some(Err(err)),
             _ => None,
         }
     }
 }
-
-/// Numbers the requests that look a stream up, to tell a lookup's own request from
-/// those that joined it.
-static NEXT_ASKER: AtomicU64 = AtomicU64::new(0);
 
 fn now_utc() -> OffsetDateTime {
     let now = OffsetDateTime::now_utc();
@@ -131,6 +135,7 @@ impl Catalog {
             location,
             default_storage_class,
             lookups: SingleFlight::default(),
+            lookup_clock: Arc::default(),
         }
     }
 
@@ -341,40 +346,41 @@ impl Catalog {
         // opening through this node, each request once the remembered owner has aged
         // out): without sharing, each would make the two round trips of its own, and
         // thousands of them queue on the metadata store's few connections.
-        let asker = NEXT_ASKER.fetch_add(1, Ordering::Relaxed);
+        let arrived = self.lookup_clock.fetch_add(1, Ordering::SeqCst);
         let key = (basin.clone(), name.clone(), placement);
-        let looked = self
-            .lookups
-            .run(key, self.look_up(basin, name, placement, asker))
-            .await?;
-        match looked.answer_for(asker) {
-            Some(answer) => answer,
-            None => match self.registry.get(basin, name) {
-                Some(state) => Ok(Some(state)),
-                None => self.look_up(basin, name, placement, asker).await?.found,
-            },
+        loop {
+            let looked = self
+                .lookups
+                .run(key.clone(), self.look_up(basin, name, placement))
+                .await?;
+            // A lookup leaves `lookups` before its answer is seen. So the next round
+            // starts a lookup, or joins one that began after that one ended, which was
+            // after this request arrived: the second round answers at the latest.
+            if let Some(answer) = looked.answer_for(arrived) {
+                return answer;
+            }
         }
     }
 
     /// The stream's record, then the stream taken over or found held elsewhere (see
-    /// `Ownership::acquire`), as looked up for request `asker`. The answer is always
-    /// `Ok`, with what was found inside, so that an error also tells whose it is.
+    /// `Ownership::acquire`).
     fn look_up(
         &self,
         basin: &BasinName,
         name: &StreamName,
         placement: Placement,
-        asker: u64,
     ) -> impl std::future::Future<Output = Result<Looked>> + Send + 'static {
         let (metadata, ownership) = (self.metadata.clone(), self.ownership.clone());
+        let clock = self.lookup_clock.clone();
         let (basin, name) = (basin.clone(), name.clone());
         async move {
+            let began = clock.fetch_add(1, Ordering::SeqCst);
             let found = match live_record(&*metadata, &basin, &name).await {
                 Ok(Some(record)) => ownership.acquire(&record, placement).await.map(Some),
                 Ok(None) => Ok(None),
                 Err(err) => Err(err),
             };
-            Ok(Looked { by: asker, found })
+            Ok(Looked { began, found })
         }
     }
 
@@ -477,8 +483,8 @@ impl Catalog {
 mod tests {
     use super::*;
 
-    fn looked(by: u64, found: Result<Option<Arc<StreamState>>>) -> Looked {
-        Looked { by, found }
+    fn looked(began: u64, found: Result<Option<Arc<StreamState>>>) -> Looked {
+        Looked { began, found }
     }
 
     fn not_found() -> Error {
@@ -486,14 +492,16 @@ mod tests {
     }
 
     #[test]
-    fn a_lookup_answers_its_own_request_whatever_it_found() {
-        assert!(matches!(looked(7, Ok(None)).answer_for(7), Some(Ok(None))));
-        let answer = looked(7, Err(not_found())).answer_for(7);
+    fn a_lookup_begun_after_a_request_arrived_answers_it_whatever_it_found() {
+        assert!(matches!(looked(8, Ok(None)).answer_for(7), Some(Ok(None))));
+        let answer = looked(8, Err(not_found())).answer_for(7);
         assert!(matches!(answer, Some(Err(Error::NotFound(_)))));
+        let answer = looked(8, Err(Error::Unavailable("busy".into()))).answer_for(7);
+        assert!(matches!(answer, Some(Err(Error::Unavailable(_)))));
     }
 
     #[test]
-    fn a_request_that_joined_takes_only_where_the_stream_is_served() {
+    fn from_an_earlier_lookup_a_request_takes_only_that_the_stream_is_served_elsewhere() {
         let elsewhere = Error::OwnedElsewhere {
             advertise_url: "http://node-b:8080".into(),
         };
@@ -501,13 +509,19 @@ mod tests {
         assert!(
             matches!(&answer, Some(Err(Error::OwnedElsewhere { advertise_url })) if advertise_url == "http://node-b:8080")
         );
-        let answer = looked(7, Err(Error::ServerDraining)).answer_for(8);
-        assert!(matches!(answer, Some(Err(Error::ServerDraining))));
-        // A stream found missing, or refused, by a lookup begun before the request
-        // arrived may have been created since: the request looks again.
+        // Nor does this node serve any stream any more.
+        for ended in [Error::ServerDraining, Error::LeaseLost] {
+            assert!(looked(7, Err(ended)).answer_for(8).unwrap().is_err());
+        }
+        // A stream found missing may have been created since the request arrived, and
+        // a lookup that failed (a timeout, say) is one the request did not make: it
+        // looks again.
         assert!(looked(7, Ok(None)).answer_for(8).is_none());
         assert!(looked(7, Err(not_found())).answer_for(8).is_none());
-        let invalid = Error::Invalid("no".into());
-        assert!(looked(7, Err(invalid)).answer_for(8).is_none());
+        let timeout = Error::Unavailable("metadata store: no answer within 5 s".into());
+        assert!(looked(7, Err(timeout)).answer_for(8).is_none());
+        assert!(looked(8, Err(Error::Invalid("no".into())))
+            .answer_for(8)
+            .is_none());
     }
 }

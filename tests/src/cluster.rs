@@ -99,6 +99,14 @@ impl Cluster {
         }
     }
 
+    /// How many times node `node` has looked up a stream's owner in the metadata store
+    /// (it needs `--metrics-listen`).
+    pub async fn owner_lookups(&self, node: usize) -> u64 {
+        const SERIES: &str = "streamgate_metadata_requests_total{operation=\"looking up a stream's owner\",outcome=\"ok\"}";
+        let text = self.nodes[node].scrape_metrics().await;
+        crate::prometheus_sample(&text, SERIES).unwrap_or(0.0) as u64
+    }
+
     /// Which node has this endpoint (an advertised URL, say).
     pub fn node_at(&self, url: &str) -> Option<usize> {
         self.nodes.iter().position(|n| n.endpoint == url)

@@ -371,23 +371,18 @@ async fn forwarding(calls: usize) {
 async fn requests_at_once(cluster: &Cluster, via: usize) {
     const AT_ONCE: usize = 2000;
     const ROUNDS: usize = 5;
-    const OWNER_LOOKUPS: &str = "streamgate_metadata_requests_total{operation=\"looking up a stream's owner\",outcome=\"ok\"}";
     // One HTTP/2 connection, so that the requests arrive together.
     let http = streamgate_tests::client_builder()
         .http2_prior_knowledge()
         .build()
         .expect("an HTTP client");
     let endpoint = cluster.endpoint(via);
-    let lookups = || async {
-        let text = cluster.nodes[via].scrape_metrics().await;
-        streamgate_tests::prometheus_sample(&text, OWNER_LOOKUPS).unwrap_or(0.0) as u64
-    };
     assert!(Call::CheckTail.make(&http, &endpoint).await);
     let (mut made, mut took) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         // Past the half second a node remembers an owner for.
         tokio::time::sleep(Duration::from_millis(700)).await;
-        let before = lookups().await;
+        let before = cluster.owner_lookups(via).await;
         let started = Instant::now();
         let answered =
             futures::future::join_all((0..AT_ONCE).map(|_| Call::CheckTail.make(&http, &endpoint)))
@@ -398,7 +393,7 @@ async fn requests_at_once(cluster: &Cluster, via: usize) {
             failed, 0,
             "{failed} of {AT_ONCE} check-tails at once failed"
         );
-        made.push(lookups().await - before);
+        made.push(cluster.owner_lookups(via).await - before);
     }
     took.sort();
     println!(
