@@ -349,10 +349,13 @@ impl Catalog {
         let arrived = self.lookup_clock.fetch_add(1, Ordering::SeqCst);
         let key = (basin.clone(), name.clone(), placement);
         loop {
-            let looked = self
-                .lookups
-                .run(key.clone(), self.look_up(basin, name, placement))
-                .await?;
+            // Boxed: held inline, the lookup's state would enlarge the future of every
+            // request that finds its stream (a read session holds it for its lifetime).
+            let lookup = Box::pin(
+                self.lookups
+                    .run(key.clone(), self.look_up(basin, name, placement)),
+            );
+            let looked = lookup.await?;
             // A lookup leaves `lookups` before its answer is seen. So the next round
             // starts a lookup, or joins one that began after that one ended, which was
             // after this request arrived: the second round answers at the latest.
