@@ -104,6 +104,14 @@ async fn tail(endpoint: &str, stream: &str) -> u64 {
     tail["tail"]["seq_num"].as_u64().unwrap()
 }
 
+/// The node that served a request, as its answer names it.
+fn served_by(answer: &reqwest::Response) -> String {
+    answer.headers()["streamgate-served-by"]
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
 async fn bodies_of(endpoint: &str, stream: &str) -> Vec<String> {
     streamgate_tests::read_stream(endpoint, BASIN, stream)
         .await
@@ -174,10 +182,7 @@ async fn every_node_serves_every_operation_and_reads_its_peers_writes() {
     // passes it on once more (it used to refuse it).
     let stream = &names[1];
     let answer = append(&cluster.endpoint(0), stream, &["locate".into()]).await;
-    let owner = answer.headers()["streamgate-served-by"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let owner = served_by(&answer);
     let elsewhere = (0..NODES)
         .map(|n| cluster.endpoint(n))
         .find(|endpoint| *endpoint != owner)
@@ -191,8 +196,8 @@ async fn every_node_serves_every_operation_and_reads_its_peers_writes() {
         .await
         .unwrap();
     assert!(answer.status().is_success(), "{}", answer.status());
-    let served_by = answer.headers()["streamgate-served-by"].to_str().unwrap();
-    assert!(cluster.node_at(served_by).is_some(), "{served_by}");
+    let passed_to = served_by(&answer);
+    assert!(cluster.node_at(&passed_to).is_some(), "{passed_to}");
 
     // Requests for the stream that reach another node at once, once the owner it
     // remembers has aged out, share one lookup of the owner rather than each making
@@ -208,19 +213,16 @@ async fn every_node_serves_every_operation_and_reads_its_peers_writes() {
             .header("s2-basin", BASIN)
             .send()
     };
-    let served_by = |answer: &reqwest::Response| {
+    let answered_by = |answer: &reqwest::Response| {
         assert!(answer.status().is_success(), "{}", answer.status());
-        answer.headers()["streamgate-served-by"]
-            .to_str()
-            .unwrap()
-            .to_owned()
+        served_by(answer)
     };
     let mut rounds = 0;
     for _ in 0..5 {
-        let owner = served_by(&check_tail(cluster.endpoint(0)).await.unwrap());
+        let owner = answered_by(&check_tail(cluster.endpoint(0)).await.unwrap());
         let via = (0..NODES).find(|n| cluster.endpoint(*n) != owner).unwrap();
         // Opens the connection the requests then share.
-        served_by(&check_tail(cluster.endpoint(via)).await.unwrap());
+        answered_by(&check_tail(cluster.endpoint(via)).await.unwrap());
         // Past the half second an owner is remembered for (`owner_cache` in the core).
         tokio::time::sleep(Duration::from_millis(700)).await;
         let before = cluster.owner_lookups(via).await;
@@ -228,7 +230,7 @@ async fn every_node_serves_every_operation_and_reads_its_peers_writes() {
             futures::future::join_all((0..200).map(|_| check_tail(cluster.endpoint(via)))).await;
         let moved = answers
             .into_iter()
-            .any(|answer| served_by(&answer.unwrap()) != owner);
+            .any(|answer| answered_by(&answer.unwrap()) != owner);
         let lookups = cluster.owner_lookups(via).await - before;
         if moved {
             continue; // the nodes evened out their shares meanwhile: the round says nothing
@@ -1564,10 +1566,7 @@ async fn nodes_serving_https_forward_to_each_other_and_check_each_others_certifi
             )
             .await;
             assert!(answer.status().is_success(), "append: {}", answer.status());
-            let owner = answer.headers()["streamgate-served-by"]
-                .to_str()
-                .unwrap()
-                .to_owned();
+            let owner = served_by(&answer);
             owners.insert(stream.clone(), cluster.node_at(&owner).unwrap());
             let end = answer.json::<Value>().await.unwrap()["end"]["seq_num"]
                 .as_u64()
