@@ -10,10 +10,13 @@
 //! - `STREAMGATE_PAUSE_AT=<point>:<milliseconds>`: the task that reaches that point
 //!   sleeps that long there, every time, so a test can make one step slow (a takeover
 //!   that outlasts the lease, say);
-//! - `STREAMGATE_FAIL_AT=<point>`: the first time the process reaches that point, the
-//!   step there fails with a storage error, as if the store had refused it (a takeover
-//!   that fails part way, say); later passes go through.
+//! - `STREAMGATE_FAIL_AT=<point>`: the first time the process reaches that point once
+//!   its start-up is over, the step there fails with a storage error, as if the store
+//!   had refused it (a takeover that fails part way, say); later passes go through. Not
+//!   during start-up, where such a failure ends the process: a test arms the hook when
+//!   it starts a node, and a peer may hand that node streams while it is still starting.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use crate::record::AppendRecord;
@@ -42,11 +45,20 @@ pub(crate) async fn pause_point(point: &str) {
     }
 }
 
+/// Set once an engine has finished starting: `fail_point` is armed from then on.
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn start_up_done() {
+    STARTED.store(true, Ordering::SeqCst);
+}
+
 pub(crate) fn fail_point(point: &str) -> crate::error::Result<()> {
     static FAIL_AT: OnceLock<Option<String>> = OnceLock::new();
-    static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    static FAILED: AtomicBool = AtomicBool::new(false);
     let fail_at = FAIL_AT.get_or_init(|| std::env::var("STREAMGATE_FAIL_AT").ok());
-    if fail_at.as_deref() == Some(point) && !FAILED.swap(true, std::sync::atomic::Ordering::SeqCst)
+    if fail_at.as_deref() == Some(point)
+        && STARTED.load(Ordering::SeqCst)
+        && !FAILED.swap(true, Ordering::SeqCst)
     {
         tracing::warn!(point, "STREAMGATE_FAIL_AT: failing here once, as asked");
         return Err(crate::error::Error::storage(format!(

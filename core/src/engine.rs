@@ -317,6 +317,7 @@ impl Engine {
             }),
         ];
         *engine.inner.background.lock() = background;
+        crate::crash_point::start_up_done();
         Ok(engine)
     }
 
