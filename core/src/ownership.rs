@@ -452,7 +452,11 @@ impl Ownership {
                 continue;
             }
             taken += claims.len();
-            self.rebuild(claims).await?;
+            if let Err(err) = self.rebuild(claims).await {
+                // Claimed and not served: the next attempt takes them (`take_owned`).
+                crate::telemetry::takeover_failed();
+                return Err(err);
+            }
         }
         Ok(taken)
     }

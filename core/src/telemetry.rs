@@ -77,6 +77,10 @@ pub fn describe() {
         "Streams rebuilt by takeovers."
     );
     describe_counter!(
+        "streamgate_takeover_failures_total",
+        "Takeovers that failed part way; the streams they claimed are taken by the next attempt."
+    );
+    describe_counter!(
         "streamgate_handovers_total",
         "Hand-overs of streams to other nodes (for an even share, or at shutdown)."
     );
@@ -172,6 +176,11 @@ pub(crate) fn compaction_round(outcome: &Result<crate::CompactionStats>) {
 pub(crate) fn takeover(streams: usize) {
     counter!("streamgate_takeovers_total").increment(1);
     counter!("streamgate_taken_over_streams_total").increment(streams as u64);
+}
+
+/// A takeover that claimed streams and failed before serving them.
+pub(crate) fn takeover_failed() {
+    counter!("streamgate_takeover_failures_total").increment(1);
 }
 
 /// Streams this node handed to others in one hand-over.

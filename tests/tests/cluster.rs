@@ -1464,6 +1464,14 @@ async fn a_takeover_that_fails_part_way_is_made_again() {
         rounds(&before, "error"),
         "no compaction round of node 1 failed meanwhile: {after}"
     );
+    // The hook did its part: a takeover of node 1's failed after relogging (and the
+    // appends above went through, so it was made again).
+    let failed_takeovers =
+        streamgate_tests::prometheus_sample(&after, "streamgate_takeover_failures_total");
+    assert!(
+        failed_takeovers.unwrap_or(0.0) >= 1.0,
+        "a takeover of node 1's failed part way, as STREAMGATE_FAIL_AT asked: {after}"
+    );
 
     // Node 0, started again once node 1 is gone, rebuilds every stream from node 1's log.
     cluster.nodes[1].kill9();
