@@ -388,8 +388,25 @@ async fn nothing_written_holds_the_plaintext_or_the_key_and_records_survive_kill
         expected.push((stream, 200));
     }
     // Records move into segments within a third of a second (the test servers'
-    // compaction interval); wait until a read of history finds them there too.
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    // compaction interval), later on a slow machine: wait until some have, so that the
+    // reads below find history in segments too.
+    let has_segments = || {
+        files_under(dir.path()).iter().any(|(p, _)| {
+            p.strip_prefix(dir.path())
+                .unwrap()
+                .display()
+                .to_string()
+                .contains("seg")
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !has_segments() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no segment written within 30 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     server.kill9();
     server.restart();
     let api = Api::new(&server);

@@ -4,7 +4,7 @@
 //! compaction, open sessions (closed when their client goes away) and the build; without
 //! the flag nothing listens.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use streamgate_tests::prometheus_sample as sample;
@@ -83,9 +83,19 @@ async fn requests_stores_and_sessions_are_counted_for_prometheus() {
         .send()
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-
-    let text = scrape(&metrics_url).await;
+    // Compaction runs every 300 ms; on a slow machine its first segment may take longer.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = scrape(&metrics_url).await;
+        if sample(&text, "streamgate_compaction_segments_total").is_some_and(|n| n >= 1.0) {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no compaction round wrote a segment within 30 s: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let rest = |op: &str, outcome: &str| {
         sample(
             &text,
