@@ -226,8 +226,12 @@ async fn every_node_serves_every_operation_and_reads_its_peers_writes() {
         // Past the half second an owner is remembered for (`owner_cache` in the core).
         tokio::time::sleep(Duration::from_millis(700)).await;
         let before = cluster.owner_lookups(via).await;
+        let began = Instant::now();
         let answers =
             futures::future::join_all((0..200).map(|_| check_tail(cluster.endpoint(via)))).await;
+        // One lookup, and one more for each half second the round lasted (a slow
+        // machine): the owner found is remembered that long.
+        let allowed = 2 + (began.elapsed().as_millis() / 500) as u64;
         let moved = answers
             .into_iter()
             .any(|answer| answered_by(&answer.unwrap()) != owner);
@@ -237,8 +241,8 @@ async fn every_node_serves_every_operation_and_reads_its_peers_writes() {
         }
         rounds += 1;
         assert!(
-            (1..=2).contains(&lookups),
-            "200 requests at once looked the stream's owner up {lookups} times"
+            (1..=allowed).contains(&lookups),
+            "200 requests at once looked the stream's owner up {lookups} times (at most {allowed})"
         );
     }
     assert!(
