@@ -80,6 +80,9 @@ pub(crate) struct Membership {
     holding_since: RwLock<Option<Instant>>,
     /// Shutting down: handing its streams to the others, taking none.
     leaving: AtomicBool,
+    /// Start-up is over (its streams taken back, requests served); each renewal tells
+    /// the metadata store, and from then on other nodes may hand streams here.
+    ready: AtomicBool,
 }
 
 impl Membership {
@@ -107,6 +110,7 @@ impl Membership {
             live_nodes: RwLock::default(),
             holding_since: RwLock::new(Some(started)),
             leaving: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
         });
         membership.refresh_live_nodes().await?;
         Ok(membership)
@@ -135,6 +139,11 @@ impl Membership {
     /// Whether this node is shutting down and handing its streams over.
     pub fn is_leaving(&self) -> bool {
         self.leaving.load(Ordering::SeqCst)
+    }
+
+    /// Start-up is over: from the next renewal on, other nodes may hand streams here.
+    pub fn mark_ready(&self) {
+        self.ready.store(true, Ordering::SeqCst);
     }
 
     /// Starts leaving: the metadata store stops placing streams here, and so does this
@@ -187,7 +196,8 @@ impl Membership {
         }
         let started = Instant::now();
         let lease_ms = self.settings.lease.as_millis() as u64;
-        match self.metadata.renew_lease(self.epoch, lease_ms).await {
+        let ready = self.ready.load(Ordering::SeqCst);
+        match self.metadata.renew_lease(self.epoch, lease_ms, ready).await {
             Ok(true) => {
                 let held = self.holds();
                 self.state.send_replace(LeaseState::HoldsUntil(

@@ -364,7 +364,10 @@ impl Ownership {
             return Ok(0);
         }
         let nodes = self.metadata.cluster_nodes().await?;
-        let serving: Vec<_> = nodes.iter().filter(|n| n.live && !n.leaving).collect();
+        let serving: Vec<_> = nodes
+            .iter()
+            .filter(|n| n.live && n.ready && !n.leaving)
+            .collect();
         let Some(me) = serving.iter().find(|n| n.epoch == self.epoch()) else {
             return Ok(0);
         };

@@ -1182,7 +1182,7 @@ async function clusterView() {
               h("td", { class: "num" }, n.epoch),
               h("td", {}, n.advertise_url),
               h("td", { class: "num" }, `${(n.heartbeat_age_ms / 1000).toFixed(1)} s`),
-              h("td", {}, n.live ? "yes" : "no"),
+              h("td", {}, n.live ? (n.ready ? "yes" : "starting") : "no"),
               h("td", {}, n.leaving ? "yes" : "no"),
               h("td", { class: "num" }, n.streams_owned),
             ),

@@ -1514,6 +1514,101 @@ async fn a_takeover_that_fails_part_way_is_made_again() {
     );
 }
 
+/// A node is handed no stream while it is still starting: a peer that did would forward
+/// their appends to a node that does not answer yet, and they would fail. Node 1
+/// restarts and holds at the end of its start-up (`STREAMGATE_PAUSE_AT`) for three
+/// leases while a writer appends to every stream through node 0, which holds them all:
+/// not one append may fail. Once node 1 serves, it gets its share, and every
+/// acknowledged batch is there once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_still_starting_is_handed_no_stream() {
+    const STREAMS: usize = 4;
+    let mut cluster = Cluster::start(2, &["--lease-secs", LEASE_SECS]);
+    // Node 1 leaves for now, so node 0 takes every stream on first use.
+    cluster.nodes[1].kill9();
+    cluster.wait_for_live_nodes(0, 1).await;
+    let names = stream_names(STREAMS);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    streamgate_tests::create_streams(&cluster.endpoint(0), BASIN, &refs).await;
+
+    let history = Arc::new(Mutex::new(History::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn({
+        let (history, stop, endpoint) = (history.clone(), stop.clone(), cluster.endpoint(0));
+        async move {
+            let mut failures = Vec::new();
+            let mut batch = 0;
+            while !stop.load(Ordering::SeqCst) {
+                for s in 0..STREAMS {
+                    batch += 1;
+                    let request = client()
+                        .post(format!("{endpoint}/v1/streams/s{s}/records"))
+                        .timeout(Duration::from_secs(20));
+                    match send_rest_batch(&history, request, BASIN, (s, format!("b{batch}"), 2))
+                        .await
+                    {
+                        Sent::Acked { .. } => {}
+                        Sent::Refused(r) => failures.push(format!("s{s}: {}", r.status())),
+                        Sent::NoAnswer => failures.push(format!("s{s}: no answer")),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            failures
+        }
+    });
+
+    // Three leases at the end of its start-up: long enough for node 0 to rebalance
+    // several times, and for a request forwarded to a node that does not answer to
+    // fail (the peers give up on a silent node after a lease).
+    cluster.nodes[1].set_env("STREAMGATE_PAUSE_AT", Some("start-up-done:6000"));
+    let acked_before = history.lock().unwrap().acked.len();
+    tokio::task::block_in_place(|| cluster.nodes[1].restart());
+    let acked_during = history.lock().unwrap().acked.len() - acked_before;
+    assert!(
+        acked_during >= STREAMS,
+        "the writer appended to every stream while node 1 started: {acked_during} batches"
+    );
+    let restarted = cluster.nodes[1].endpoint.clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let view = cluster.view(0).await;
+        let share = view["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["advertise_url"] == restarted.as_str() && n["live"] == true)
+            .map_or(0, |n| n["streams_owned"].as_u64().unwrap());
+        if share >= 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 got no share once it served: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::SeqCst);
+    let failures = writer.await.unwrap();
+    assert!(
+        failures.is_empty(),
+        "appends through node 0 failed while node 1 started: {failures:?}"
+    );
+
+    let mut streams = Vec::new();
+    for s in 0..STREAMS {
+        streams.push(read_all(&cluster.endpoint(0), BASIN, s).await);
+    }
+    let history = history.lock().unwrap();
+    let acked = history.acked.len();
+    assert_eq!(
+        verify(&history, &streams),
+        acked,
+        "every acknowledged batch is there once"
+    );
+}
+
 /// A private CA and a certificate it issued for 127.0.0.1, written into `dir`:
 /// (the CA's PEM, the nodes' certificate, its key).
 fn certificates(dir: &std::path::Path) -> [String; 3] {

@@ -26,6 +26,9 @@ pub struct NodeRecord {
     pub live: bool,
     /// Whether it is shutting down (handing its streams to the others).
     pub leaving: bool,
+    /// Whether it has finished starting (taken back its streams) and serves: only then
+    /// are streams handed to it.
+    pub ready: bool,
     pub streams_owned: u64,
 }
 

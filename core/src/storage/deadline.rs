@@ -204,11 +204,11 @@ impl MetadataStore for Deadlines {
         metadata_call(REQUEST_DEADLINE, "joining the cluster", call).await
     }
 
-    async fn renew_lease(&self, epoch: u64, lease_ms: u64) -> Result<bool> {
+    async fn renew_lease(&self, epoch: u64, lease_ms: u64, ready: bool) -> Result<bool> {
         // Well inside the lease: a renewal that takes longer is useless anyway.
         let deadline =
             Duration::from_millis(lease_ms / 4).clamp(Duration::from_millis(100), REQUEST_DEADLINE);
-        let call = self.store.renew_lease(epoch, lease_ms);
+        let call = self.store.renew_lease(epoch, lease_ms, ready);
         metadata_call(deadline, "renewing the node's lease", call).await
     }
 

@@ -113,6 +113,7 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Adds this node (`epoch`, from [`MetadataStore::next_epoch`]) with a lease of
     /// `lease_ms` from now, and ends the leases of earlier runs of the same `identity`
     /// (they are known to be gone: one data directory serves one process at a time).
+    /// It is not ready yet: no stream is handed to it until a renewal says it is.
     async fn join_cluster(
         &self,
         epoch: u64,
@@ -124,7 +125,8 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// from now, in one statement; `false` if any of its streams were taken meanwhile,
     /// or it left the cluster (or a later run of it joined), or it is unknown: it must
     /// stop, for its leases are gone. A renewal that arrives late never undoes a leave.
-    async fn renew_lease(&self, epoch: u64, lease_ms: u64) -> Result<bool>;
+    /// `ready`: whether the node has finished starting and serves.
+    async fn renew_lease(&self, epoch: u64, lease_ms: u64, ready: bool) -> Result<bool>;
     /// Ends this node's lease now, so others take its streams without waiting for it to
     /// run out: the last step of a shutdown, once nothing more is written.
     async fn leave_cluster(&self, epoch: u64) -> Result<()>;
@@ -133,8 +135,8 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// over. Fails with `LeaseLost` if its leases are gone.
     async fn begin_leaving(&self, epoch: u64) -> Result<()>;
     /// Gives up node `epoch`'s leases on those of `stream_ids` it holds, once everything
-    /// it accepted on them is durable in its log: to node `to`, which must be live and
-    /// not leaving (else nothing is given up), or with `None` to nobody. The node that
+    /// it accepted on them is durable in its log: to node `to`, which must be live, ready
+    /// and not leaving (else nothing is given up), or with `None` to nobody. The node that
     /// takes one next rebuilds it from that log (which is why `log_epoch` stays). How
     /// many it gave up. Fails with `LeaseLost` if its leases are gone.
     async fn release_streams(&self, epoch: u64, stream_ids: &[u64], to: Option<u64>)
@@ -144,7 +146,8 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn streams_owned(&self, epoch: u64) -> Result<Vec<u64>>;
     /// Every node known, in epoch order.
     async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>>;
-    /// The nodes whose lease holds now, in epoch order, with their advertised URLs.
+    /// The nodes whose lease holds now and that are not leaving (those streams are
+    /// placed on), in epoch order, with their advertised URLs.
     async fn live_nodes(&self) -> Result<Vec<(u64, String)>>;
     /// Who sequences a stream now.
     async fn stream_owner(&self, stream_id: u64) -> Result<StreamOwner>;
@@ -576,6 +579,16 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         .join_cluster(b, "node-b", "http://b", minute)
         .await
         .unwrap();
+    // Joined, but not ready until a renewal says so (they are still starting).
+    assert!(store
+        .cluster_nodes()
+        .await
+        .unwrap()
+        .iter()
+        .all(|n| n.live && !n.ready));
+    assert!(store.renew_lease(a, minute, true).await.unwrap());
+    assert!(store.renew_lease(b, minute, true).await.unwrap());
+    assert!(store.cluster_nodes().await.unwrap().iter().all(|n| n.ready));
     let live: Vec<u64> = store
         .live_nodes()
         .await
@@ -607,7 +620,7 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         .commit_takeover(a, &[(ids[0], 1), (ids[1], 1)])
         .await
         .unwrap();
-    assert!(store.renew_lease(a, minute).await.unwrap());
+    assert!(store.renew_lease(a, minute, true).await.unwrap());
     // Its owner may claim a stream again (it asks only when a takeover of the stream
     // failed part way): a new lease epoch, the same log to rebuild from.
     let again = store.claim_streams(a, &ids[1..2]).await.unwrap();
@@ -619,7 +632,7 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
     // Node a's lease runs out (renewed to last 0 ms): b takes a stream, with a higher
     // lease epoch and a's log to rebuild from; from then on a can neither renew nor
     // commit anything, and its streams are orphans until taken.
-    assert!(store.renew_lease(a, 0).await.unwrap());
+    assert!(store.renew_lease(a, 0, true).await.unwrap());
     assert!(matches!(
         store.stream_owner(ids[0]).await.unwrap(),
         StreamOwner::Lapsed { epoch } if epoch == a
@@ -635,7 +648,7 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         (2, StreamLog::Epoch(a))
     );
     assert!(
-        !store.renew_lease(a, minute).await.unwrap(),
+        !store.renew_lease(a, minute, true).await.unwrap(),
         "a lost a lease"
     );
     assert!(matches!(
@@ -662,7 +675,7 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         .join_cluster(c, "node-c", "http://c", minute)
         .await
         .unwrap();
-    store.renew_lease(b, 0).await.unwrap();
+    store.renew_lease(b, 0, true).await.unwrap();
     let again = store.claim_streams(c, &ids[..1]).await.unwrap();
     assert_eq!(
         (again[0].lease_epoch, again[0].log),
@@ -705,8 +718,9 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         .join_cluster(gone, "node-gone", "http://g", minute)
         .await
         .unwrap();
+    assert!(store.renew_lease(gone, minute, true).await.unwrap());
     store.leave_cluster(gone).await.unwrap();
-    assert!(!store.renew_lease(gone, minute).await.unwrap());
+    assert!(!store.renew_lease(gone, minute, true).await.unwrap());
     assert!(matches!(
         store.claim_streams(gone, &ids[2..]).await,
         Err(Error::LeaseLost)
@@ -731,6 +745,8 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         .join_cluster(h, "node-h", "http://h", minute)
         .await
         .unwrap();
+    assert!(store.renew_lease(h, minute, true).await.unwrap());
+    assert!(store.live_nodes().await.unwrap().iter().any(|n| n.0 == h));
     let claimed = store.claim_streams(h, &ids[2..]).await.unwrap();
     assert_eq!(claimed.len(), 1);
     let first_lease = claimed[0].lease_epoch;
@@ -742,7 +758,13 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
 
     // A node hands a stream to another live node (a fair share for a node that joined):
     // the lease is the other's at once, the log stays until the other has rebuilt it;
-    // never to a node that has left.
+    // never to a node that is still starting, nor to one that has left.
+    assert_eq!(
+        store.release_streams(h, &ids[2..], Some(c2)).await.unwrap(),
+        0,
+        "a node still starting takes nothing"
+    );
+    assert!(store.renew_lease(c2, minute, true).await.unwrap());
     assert_eq!(
         store.release_streams(h, &ids[2..], Some(c2)).await.unwrap(),
         1

@@ -152,6 +152,12 @@ ALTER TABLE segments ADD COLUMN stored_bytes {int} NOT NULL DEFAULT 0;
 ALTER TABLE stream_checkpoints ADD COLUMN groups {bytes};
 ALTER TABLE stream_checkpoints ADD COLUMN next_group_op {int} NOT NULL DEFAULT 0;
 "#,
+    // A node is ready once it has started: taken back its streams, and serving. Until
+    // then no stream is handed to it, for it would not answer requests for them. Nodes
+    // from before this column were serving.
+    r#"
+ALTER TABLE nodes ADD COLUMN ready {int} NOT NULL DEFAULT 1;
+"#,
 ];
 
 impl Dialect {
@@ -936,8 +942,8 @@ impl MetadataStore for SqlMetadataStore {
             .await
     }
 
-    async fn renew_lease(&self, epoch: u64, lease_ms: u64) -> Result<bool> {
-        self.cluster_renew(epoch, lease_ms).await
+    async fn renew_lease(&self, epoch: u64, lease_ms: u64, ready: bool) -> Result<bool> {
+        self.cluster_renew(epoch, lease_ms, ready).await
     }
 
     async fn leave_cluster(&self, epoch: u64) -> Result<()> {

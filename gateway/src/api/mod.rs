@@ -142,8 +142,8 @@ async fn ready(engine: Engine) -> Response {
 }
 
 /// The cluster as this node sees it: itself, and every node the metadata store knows
-/// with its advertised URL, heartbeat age, whether its lease holds (and whether it is
-/// handing its streams over to shut down), and how many
+/// with its advertised URL, heartbeat age, whether its lease holds (whether it has
+/// finished starting, and whether it is handing its streams over to shut down), and how many
 /// streams it sequences. An operator endpoint, like `/ready`: it needs no token.
 async fn cluster_view(engine: Engine) -> Response {
     let nodes = match engine.cluster_nodes().await {
@@ -161,6 +161,7 @@ async fn cluster_view(engine: Engine) -> Response {
                 "started_at": n.started_at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
                 "heartbeat_age_ms": n.heartbeat_age_ms,
                 "live": n.live,
+                "ready": n.ready,
                 "leaving": n.leaving,
                 "streams_owned": n.streams_owned,
             })

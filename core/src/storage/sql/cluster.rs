@@ -55,8 +55,8 @@ impl SqlMetadataStore {
             .await
             .map_err(db)?;
         sqlx::query(&self.sql(
-            "INSERT INTO nodes (epoch, identity, advertise_url, started_at_ms, heartbeat_at_ms, lease_expires_ms, leases_lost) \
-             VALUES ($1, $2, $3, {now}, {now}, {now} + $4, 0)",
+            "INSERT INTO nodes (epoch, identity, advertise_url, started_at_ms, heartbeat_at_ms, lease_expires_ms, leases_lost, ready) \
+             VALUES ($1, $2, $3, {now}, {now}, {now} + $4, 0, 0)",
         ))
         .bind(epoch as i64)
         .bind(identity)
@@ -68,13 +68,19 @@ impl SqlMetadataStore {
         tx.commit().await.map_err(db)
     }
 
-    pub(super) async fn cluster_renew(&self, epoch: u64, lease_ms: u64) -> Result<bool> {
+    pub(super) async fn cluster_renew(
+        &self,
+        epoch: u64,
+        lease_ms: u64,
+        ready: bool,
+    ) -> Result<bool> {
         let renewed = sqlx::query(&self.sql(
-            "UPDATE nodes SET lease_expires_ms = {now} + $2, heartbeat_at_ms = {now} \
+            "UPDATE nodes SET lease_expires_ms = {now} + $2, heartbeat_at_ms = {now}, ready = $3 \
              WHERE epoch = $1 AND leases_lost = 0 AND lease_expires_ms <> 0",
         ))
         .bind(epoch as i64)
         .bind(lease_ms as i64)
+        .bind(i64::from(ready))
         .execute(&self.lease_pool)
         .await
         .map_err(db)?;
@@ -111,10 +117,11 @@ impl SqlMetadataStore {
         self.check_intact(&mut tx, epoch).await?;
         if let Some(to) = to {
             // Read in the same transaction that hands the leases over: a node that left
-            // or lapsed meanwhile gets none (they would wait out its lease).
+            // or lapsed meanwhile gets none (they would wait out its lease), nor one
+            // still starting (it would not answer for them until it serves).
             let target: Option<i64> = sqlx::query_scalar(&self.sql(
                 "SELECT epoch FROM nodes WHERE epoch = $1 AND lease_expires_ms > {now} \
-                 AND leaving = 0 AND leases_lost = 0",
+                 AND leaving = 0 AND leases_lost = 0 AND ready = 1",
             ))
             .bind(to as i64)
             .fetch_optional(&mut *tx)
@@ -163,7 +170,7 @@ impl SqlMetadataStore {
         let rows = sqlx::query(&self.sql(
             "SELECT n.epoch, n.identity, n.advertise_url, n.started_at_ms, \
              {now} - n.heartbeat_at_ms AS heartbeat_age_ms, \
-             CASE WHEN n.lease_expires_ms > {now} THEN 1 ELSE 0 END AS live, n.leaving, \
+             CASE WHEN n.lease_expires_ms > {now} THEN 1 ELSE 0 END AS live, n.leaving, n.ready, \
              (SELECT COUNT(*) FROM stream_leases l WHERE l.owner = n.epoch) AS owned \
              FROM nodes n ORDER BY n.epoch",
         ))
@@ -180,6 +187,7 @@ impl SqlMetadataStore {
                 heartbeat_age_ms: row.get::<i64, _>("heartbeat_age_ms").max(0) as u64,
                 live: row.get::<i64, _>("live") == 1,
                 leaving: row.get::<i64, _>("leaving") != 0,
+                ready: row.get::<i64, _>("ready") != 0,
                 streams_owned: row.get::<i64, _>("owned") as u64,
             })
             .collect())
