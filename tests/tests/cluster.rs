@@ -1530,8 +1530,26 @@ async fn a_node_still_starting_is_handed_no_stream() {
     let names = stream_names(STREAMS);
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     streamgate_tests::create_streams(&cluster.endpoint(0), BASIN, &refs).await;
-
     let history = Arc::new(Mutex::new(History::default()));
+    // Node 0 takes every stream before node 1 is back: one that nobody held yet when
+    // node 1 joined could be placed on it, and wait for its start-up like its own.
+    // Retried: for a moment node 0 may still place a stream on the node it saw leave.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for s in 0..STREAMS {
+        for attempt in 0.. {
+            let request = client().post(format!("{}/v1/streams/s{s}/records", cluster.endpoint(0)));
+            let id = format!("first{s}.{attempt}");
+            if let Sent::Acked { .. } = send_rest_batch(&history, request, BASIN, (s, id, 1)).await
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "node 0 never took s{s}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let served = cluster.view(0).await["node"]["streams_served"].as_u64();
+    assert_eq!(served, Some(STREAMS as u64), "node 0 holds every stream");
+
     let stop = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn({
         let (history, stop, endpoint) = (history.clone(), stop.clone(), cluster.endpoint(0));
