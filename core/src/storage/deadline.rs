@@ -51,11 +51,20 @@ pub(crate) async fn within<T>(
         .await
         .unwrap_or_else(|_| {
             Err(Error::Unavailable(format!(
-                "{}: no answer within {} s",
+                "{}: no answer within {}",
                 unanswered(),
-                deadline.as_secs()
+                readable(deadline)
             )))
         })
+}
+
+/// `5 s`, or `500 ms` for a deadline that is not whole seconds (a renewal's, a quarter
+/// of a short lease: whole seconds would say "0 s").
+fn readable(deadline: Duration) -> String {
+    match deadline.subsec_millis() {
+        0 => format!("{} s", deadline.as_secs()),
+        _ => format!("{} ms", deadline.as_millis()),
+    }
 }
 
 /// A metadata call within `deadline`.
@@ -447,6 +456,20 @@ mod tests {
         match silent.await {
             Err(Error::Unavailable(message)) => {
                 assert_eq!(message, "metadata store, a test call: no answer within 5 s")
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        let renewal = metadata_call(
+            Duration::from_millis(500),
+            "a renewal",
+            std::future::pending::<Result<()>>(),
+        );
+        match renewal.await {
+            Err(Error::Unavailable(message)) => {
+                assert_eq!(
+                    message,
+                    "metadata store, a renewal: no answer within 500 ms"
+                )
             }
             other => panic!("expected Unavailable, got {other:?}"),
         }
