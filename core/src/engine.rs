@@ -319,7 +319,7 @@ impl Engine {
         *engine.inner.background.lock() = background;
         crate::crash_point::pause_point("start-up-done").await;
         // Until now peers handed this node nothing: it would not have answered for it.
-        engine.inner.membership.mark_ready();
+        engine.inner.membership.become_ready().await;
         crate::crash_point::start_up_done();
         Ok(engine)
     }

@@ -80,8 +80,8 @@ pub(crate) struct Membership {
     holding_since: RwLock<Option<Instant>>,
     /// Shutting down: handing its streams to the others, taking none.
     leaving: AtomicBool,
-    /// Start-up is over (its streams taken back, requests served); each renewal tells
-    /// the metadata store, and from then on other nodes may hand streams here.
+    /// Start-up is over (its streams taken back; requests are answered from now on);
+    /// each renewal tells the metadata store, and other nodes may hand streams here.
     ready: AtomicBool,
 }
 
@@ -141,9 +141,14 @@ impl Membership {
         self.leaving.load(Ordering::SeqCst)
     }
 
-    /// Start-up is over: from the next renewal on, other nodes may hand streams here.
-    pub fn mark_ready(&self) {
+    /// Start-up is over: other nodes may hand streams here. Said at once by a renewal
+    /// (else an operator would see the node as starting for up to a quarter of a lease);
+    /// if that renewal fails, the next one on the steady beat says it.
+    pub async fn become_ready(&self) {
         self.ready.store(true, Ordering::SeqCst);
+        if let Err(err) = self.renew().await {
+            tracing::warn!(error = %err, "could not tell the cluster this node has started; the next lease renewal will");
+        }
     }
 
     /// Starts leaving: the metadata store stops placing streams here, and so does this
