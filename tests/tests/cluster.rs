@@ -1066,6 +1066,91 @@ async fn shares(cluster: &Cluster, node: usize) -> Vec<u64> {
         .collect()
 }
 
+/// A cluster of two (lease `LEASE_SECS`, and `flags`) whose node 0 holds streams `s0`…
+/// each with one batch acknowledged through it, and whose node 1 is down (`kill -9`ed
+/// before the streams were made), for a test to restart.
+async fn node_0_holding_every_stream(
+    streams: usize,
+    flags: &[&str],
+    history: &Mutex<History>,
+) -> Cluster {
+    let mut cluster = Cluster::start(2, &[&["--lease-secs", LEASE_SECS], flags].concat());
+    cluster.nodes[1].kill9();
+    cluster.wait_for_live_nodes(0, 1).await;
+    let names = stream_names(streams);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    streamgate_tests::create_streams(&cluster.endpoint(0), BASIN, &refs).await;
+    // For a moment node 0 may still place a stream on the node it saw leave, and
+    // refuse the append (retryably).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for s in 0..streams {
+        let id = format!("first.s{s}");
+        append_until_acked(history, &cluster.endpoint(0), (s, &id, 3), deadline).await;
+    }
+    let served = cluster.view(0).await["node"]["streams_served"].as_u64();
+    assert_eq!(served, Some(streams as u64), "node 0 holds every stream");
+    cluster
+}
+
+/// Appends a batch of `size` records to stream `s{s}` through `endpoint` until it is
+/// acknowledged, by `deadline`. Each attempt is a batch of its own (`{id}.{attempt}`):
+/// one that got no answer may be there. Only a retryable refusal (5xx) is retried.
+async fn append_until_acked(
+    history: &Mutex<History>,
+    endpoint: &str,
+    (s, id, size): (usize, &str, usize),
+    deadline: Instant,
+) {
+    for attempt in 0.. {
+        let request = client()
+            .post(format!("{endpoint}/v1/streams/s{s}/records"))
+            .timeout(Duration::from_secs(20));
+        let batch = format!("{id}.{attempt}");
+        match send_rest_batch(history, request, BASIN, (s, batch, size)).await {
+            Sent::Acked { .. } => return,
+            Sent::Refused(r) => assert!(
+                r.status().is_server_error(),
+                "only a retryable refusal of s{s} through {endpoint}: {}",
+                r.status()
+            ),
+            Sent::NoAnswer => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id}: s{s} took no append through {endpoint} in time"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Streams `s0`… read whole through `endpoint`, each once the cluster serves it again
+/// (after a node died, another takes it over within a few leases).
+async fn read_all_once_served(endpoint: &str, streams: usize) -> Vec<Vec<(u64, u64, String)>> {
+    let mut read = Vec::new();
+    for s in 0..streams {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let response = client()
+                .get(format!("{endpoint}/v1/streams/s{s}/records?seq_num=0"))
+                .header("s2-basin", BASIN)
+                .send()
+                .await
+                .unwrap();
+            if response.status().is_success() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{endpoint} never served s{s} again: {}",
+                response.status()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        read.push(read_all(endpoint, BASIN, s).await);
+    }
+    read
+}
+
 /// The sum over `nodes` of a counter of theirs (0 where it was not counted yet).
 async fn counted(cluster: &Cluster, nodes: &[usize], series: &str) -> u64 {
     let mut sum = 0;
@@ -1382,40 +1467,11 @@ async fn a_restart_whose_recovery_outlasts_the_lease_still_starts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_takeover_that_fails_part_way_is_made_again() {
     const STREAMS: usize = 4;
-    // Node 0 never compacts, so the takeover below has batches to relog.
-    let mut cluster = Cluster::start(
-        2,
-        &[
-            "--lease-secs",
-            LEASE_SECS,
-            "--compaction-interval-ms",
-            "3600000",
-        ],
-    );
-    // Node 1 leaves for now, so node 0 takes every stream on first use.
-    cluster.nodes[1].kill9();
-    cluster.wait_for_live_nodes(0, 1).await;
-    let names = stream_names(STREAMS);
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    streamgate_tests::create_streams(&cluster.endpoint(0), BASIN, &refs).await;
     let history = Mutex::new(History::default());
-    let mut batch = 0;
-    let mut append_to_each = |endpoint: String| {
-        let requests: Vec<_> = (0..STREAMS)
-            .map(|s| {
-                batch += 1;
-                let request = client()
-                    .post(format!("{endpoint}/v1/streams/s{s}/records"))
-                    .timeout(Duration::from_secs(20));
-                (s, format!("b{batch}"), request)
-            })
-            .collect();
-        requests
-    };
-    for (s, id, request) in append_to_each(cluster.endpoint(0)) {
-        let sent = send_rest_batch(&history, request, BASIN, (s, id, 3)).await;
-        assert!(matches!(sent, Sent::Acked { .. }), "node 0 took s{s}");
-    }
+    // Node 0 never compacts, so the takeover below has batches to relog.
+    let mut cluster =
+        node_0_holding_every_stream(STREAMS, &["--compaction-interval-ms", "3600000"], &history)
+            .await;
 
     // Node 1 comes back with the hook, then node 0 dies: node 1's first takeover of
     // node 0's streams fails after relogging them.
@@ -1427,26 +1483,9 @@ async fn a_takeover_that_fails_part_way_is_made_again() {
     cluster.nodes[0].kill9();
     let deadline = Instant::now() + Duration::from_secs(40);
     for round in 0..3 {
-        for (s, id, request) in append_to_each(cluster.endpoint(1)) {
-            // Each attempt is a batch of its own: one that got no answer may be there.
-            for attempt in 0.. {
-                let retry = request.try_clone().unwrap();
-                let id = format!("{id}.{attempt}");
-                match send_rest_batch(&history, retry, BASIN, (s, id, 3)).await {
-                    Sent::Acked { .. } => break,
-                    Sent::Refused(r) => assert!(
-                        r.status().is_server_error(),
-                        "only a retryable refusal while s{s} changes owner: {}",
-                        r.status()
-                    ),
-                    Sent::NoAnswer => {}
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "round {round}: s{s} took no append through node 1 within 40 s"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+        for s in 0..STREAMS {
+            let id = format!("round{round}.s{s}");
+            append_until_acked(&history, &cluster.endpoint(1), (s, &id, 3), deadline).await;
         }
     }
 
@@ -1481,31 +1520,7 @@ async fn a_takeover_that_fails_part_way_is_made_again() {
     cluster.nodes[1].kill9();
     cluster.nodes[0].set_env("STREAMGATE_FAIL_AT", None);
     tokio::task::block_in_place(|| cluster.nodes[0].restart());
-    let mut streams = Vec::new();
-    for s in 0..STREAMS {
-        let read_deadline = Instant::now() + Duration::from_secs(40);
-        loop {
-            let response = client()
-                .get(format!(
-                    "{}/v1/streams/s{s}/records?seq_num=0",
-                    cluster.endpoint(0)
-                ))
-                .header("s2-basin", BASIN)
-                .send()
-                .await
-                .unwrap();
-            if response.status().is_success() {
-                break;
-            }
-            assert!(
-                Instant::now() < read_deadline,
-                "node 0 never served s{s} again: {}",
-                response.status()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        streams.push(read_all(&cluster.endpoint(0), BASIN, s).await);
-    }
+    let streams = read_all_once_served(&cluster.endpoint(0), STREAMS).await;
     let verified = verify(&history.lock().unwrap(), &streams);
     assert_eq!(
         verified,
@@ -1518,37 +1533,16 @@ async fn a_takeover_that_fails_part_way_is_made_again() {
 /// their appends to a node that does not answer yet, and they would fail. Node 1
 /// restarts and holds at the end of its start-up (`STREAMGATE_PAUSE_AT`) for three
 /// leases while a writer appends to every stream through node 0, which holds them all:
-/// not one append may fail. Once node 1 serves, it gets its share, and every
-/// acknowledged batch is there once.
+/// not one append may fail. Once node 1 serves, it gets its share; then it is killed
+/// with `kill -9`, and node 0 must read every acknowledged batch once, the ones node 1
+/// was handed too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_still_starting_is_handed_no_stream() {
     const STREAMS: usize = 4;
-    let mut cluster = Cluster::start(2, &["--lease-secs", LEASE_SECS]);
-    // Node 1 leaves for now, so node 0 takes every stream on first use.
-    cluster.nodes[1].kill9();
-    cluster.wait_for_live_nodes(0, 1).await;
-    let names = stream_names(STREAMS);
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    streamgate_tests::create_streams(&cluster.endpoint(0), BASIN, &refs).await;
     let history = Arc::new(Mutex::new(History::default()));
-    // Node 0 takes every stream before node 1 is back: one that nobody held yet when
+    // Node 0 holds every stream before node 1 is back: one that nobody held yet when
     // node 1 joined could be placed on it, and wait for its start-up like its own.
-    // Retried: for a moment node 0 may still place a stream on the node it saw leave.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for s in 0..STREAMS {
-        for attempt in 0.. {
-            let request = client().post(format!("{}/v1/streams/s{s}/records", cluster.endpoint(0)));
-            let id = format!("first{s}.{attempt}");
-            if let Sent::Acked { .. } = send_rest_batch(&history, request, BASIN, (s, id, 1)).await
-            {
-                break;
-            }
-            assert!(Instant::now() < deadline, "node 0 never took s{s}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-    let served = cluster.view(0).await["node"]["streams_served"].as_u64();
-    assert_eq!(served, Some(STREAMS as u64), "node 0 holds every stream");
+    let mut cluster = node_0_holding_every_stream(STREAMS, &[], &history).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn({
@@ -1587,22 +1581,16 @@ async fn a_node_still_starting_is_handed_no_stream() {
         acked_during >= STREAMS,
         "the writer appended to every stream while node 1 started: {acked_during} batches"
     );
-    let restarted = cluster.nodes[1].endpoint.clone();
+    // The live nodes are node 0 and node 1's new run.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let view = cluster.view(0).await;
-        let share = view["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["advertise_url"] == restarted.as_str() && n["live"] == true)
-            .map_or(0, |n| n["streams_owned"].as_u64().unwrap());
-        if share >= 1 {
+        let shares = shares(&cluster, 0).await;
+        if shares.len() == 2 && shares.iter().all(|&held| held >= 1) {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "node 1 got no share once it served: {view}"
+            "node 1 got no share once it served: {shares:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -1614,10 +1602,8 @@ async fn a_node_still_starting_is_handed_no_stream() {
         "appends through node 0 failed while node 1 started: {failures:?}"
     );
 
-    let mut streams = Vec::new();
-    for s in 0..STREAMS {
-        streams.push(read_all(&cluster.endpoint(0), BASIN, s).await);
-    }
+    cluster.nodes[1].kill9();
+    let streams = read_all_once_served(&cluster.endpoint(0), STREAMS).await;
     let history = history.lock().unwrap();
     let acked = history.acked.len();
     assert_eq!(
