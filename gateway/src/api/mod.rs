@@ -143,8 +143,8 @@ async fn ready(engine: Engine) -> Response {
 
 /// The cluster as this node sees it: itself, and every node the metadata store knows
 /// with its advertised URL, heartbeat age, whether its lease holds (whether it has
-/// finished starting, and whether it is handing its streams over to shut down), and how many
-/// streams it sequences. An operator endpoint, like `/ready`: it needs no token.
+/// finished starting, and whether it is handing its streams over to shut down), and
+/// how many streams it sequences. An operator endpoint, like `/ready`: it needs no token.
 async fn cluster_view(engine: Engine) -> Response {
     let nodes = match engine.cluster_nodes().await {
         Ok(nodes) => nodes,
