@@ -324,8 +324,9 @@ impl Engine {
         Ok(engine)
     }
 
-    /// Takes back the streams this node held before it started (and its share of those
-    /// nobody holds). A store that is away meanwhile (`Unavailable`: S3 or PostgreSQL
+    /// Takes back the streams this node held before it started, and those written
+    /// before clusters (the others nobody holds go to nodes that serve already, or to
+    /// this one once it does: see `Ownership::take_orphans`). A store that is away meanwhile (`Unavailable`: S3 or PostgreSQL
     /// not answering) is waited for, the takeover tried again with a growing pause,
     /// rather than ending the process: what a failed attempt did is made again by the
     /// next (see `Ownership::take`). Other failures (a damaged log, a lost lease) end

@@ -74,7 +74,8 @@ pub(crate) struct Membership {
     epoch: u64,
     settings: ClusterSettings,
     state: watch::Sender<LeaseState>,
-    /// The live nodes (epoch, advertised URL) in epoch order, as of the last renewal.
+    /// The nodes streams are placed on (epoch, advertised URL): live, started and not
+    /// leaving, in epoch order, as of the last look.
     live_nodes: RwLock<Vec<(u64, String)>>,
     /// Since when the lease has held without a break.
     holding_since: RwLock<Option<Instant>>,
@@ -230,7 +231,7 @@ impl Membership {
 
     pub async fn refresh_live_nodes(&self) -> Result<()> {
         let mut nodes = self.metadata.live_nodes().await?;
-        let counts_itself = self.holds() && !self.is_leaving();
+        let counts_itself = self.holds() && !self.is_leaving() && self.ready.load(Ordering::SeqCst);
         if !nodes.iter().any(|(epoch, _)| *epoch == self.epoch) && counts_itself {
             // Its own renewal is what counts for this node, not the store's last word.
             nodes.push((self.epoch, self.settings.advertise_url.clone()));
@@ -251,7 +252,7 @@ impl Membership {
     }
 
     /// This node's rank among the live nodes and their number; `None` while it is not
-    /// one of them (leaving, or its lease lapsed).
+    /// one of them (still starting, leaving, or its lease lapsed).
     pub fn rank(&self) -> Option<(usize, usize)> {
         let nodes = self.live_nodes.read();
         let rank = nodes.iter().position(|(e, _)| *e == self.epoch)?;

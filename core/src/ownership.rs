@@ -607,10 +607,13 @@ impl Ownership {
     /// from before clusters.
     pub async fn take_orphans(&self, at_start: bool) -> Result<usize> {
         self.membership.check()?;
+        if self.membership.is_leaving() {
+            return Ok(0);
+        }
         let identity = &self.membership.settings().identity;
-        let Some((rank, nodes)) = self.membership.rank() else {
-            return Ok(0); // leaving, or not live: it takes nothing
-        };
+        // A node still starting is not among the nodes streams are placed on, so it has
+        // no share of others' streams yet (the live nodes take them), only its own.
+        let share = self.membership.rank();
         let mut taken = 0;
         loop {
             let orphans = self.metadata.orphaned_streams(10_000).await?;
@@ -618,8 +621,9 @@ impl Ownership {
                 .iter()
                 .filter(|o| {
                     let was_ours = o.previous_identity.as_deref() == Some(identity.as_str());
-                    let share = (o.stream.id % nodes as u64) as usize == rank;
-                    was_ours || share || (at_start && o.legacy)
+                    let in_share = share
+                        .is_some_and(|(rank, nodes)| (o.stream.id % nodes as u64) as usize == rank);
+                    was_ours || in_share || (at_start && o.legacy)
                 })
                 .map(|o| o.stream.id)
                 .collect();

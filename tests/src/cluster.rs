@@ -77,7 +77,8 @@ impl Cluster {
         response.json().await.unwrap()
     }
 
-    /// Waits until `node` sees `live` nodes whose lease holds.
+    /// Waits until `node` sees `live` nodes whose lease holds and that have started
+    /// (streams are placed only on those).
     pub async fn wait_for_live_nodes(&self, node: usize, live: usize) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -86,7 +87,7 @@ impl Cluster {
                 .as_array()
                 .unwrap()
                 .iter()
-                .filter(|n| n["live"] == true)
+                .filter(|n| n["live"] == true && n["ready"] == true)
                 .count();
             if count == live {
                 return;

@@ -1529,20 +1529,32 @@ async fn a_takeover_that_fails_part_way_is_made_again() {
     );
 }
 
-/// A node is handed no stream while it is still starting: a peer that did would forward
-/// their appends to a node that does not answer yet, and they would fail. Node 1
-/// restarts and holds at the end of its start-up (`STREAMGATE_PAUSE_AT`) for three
-/// leases while a writer appends to every stream through node 0, which holds them all:
+/// A node is neither handed nor placed a stream while it is still starting: a peer that
+/// did would forward their appends to a node that does not answer yet, and they would
+/// fail. Node 1 restarts and holds at the end of its start-up (`STREAMGATE_PAUSE_AT`)
+/// for three leases while a writer appends to every stream through node 0, which holds
+/// them all, and the first appends to four streams nobody holds are made through node 0:
 /// not one append may fail. Once node 1 serves, it gets its share; then it is killed
 /// with `kill -9`, and node 0 must read every acknowledged batch once, the ones node 1
 /// was handed too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_still_starting_is_handed_no_stream() {
     const STREAMS: usize = 4;
+    // Streams nobody holds until their first append, made while node 1 starts.
+    const NEW_STREAMS: usize = 4;
     let history = Arc::new(Mutex::new(History::default()));
-    // Node 0 holds every stream before node 1 is back: one that nobody held yet when
-    // node 1 joined could be placed on it, and wait for its start-up like its own.
+    // Node 0 holds every stream before node 1 is back.
     let mut cluster = node_0_holding_every_stream(STREAMS, &[], &history).await;
+    let new_names: Vec<String> = (STREAMS..STREAMS + NEW_STREAMS)
+        .map(|s| format!("s{s}"))
+        .collect();
+    let refs: Vec<&str> = new_names.iter().map(String::as_str).collect();
+    streamgate_tests::create_streams(&cluster.endpoint(0), BASIN, &refs).await;
+    let placed_while_starting = tokio::spawn(first_appends_while_a_node_starts(
+        cluster.endpoint(0),
+        STREAMS..STREAMS + NEW_STREAMS,
+        history.clone(),
+    ));
 
     let stop = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn({
@@ -1601,9 +1613,14 @@ async fn a_node_still_starting_is_handed_no_stream() {
         failures.is_empty(),
         "appends through node 0 failed while node 1 started: {failures:?}"
     );
+    let failures = placed_while_starting.await.unwrap();
+    assert!(
+        failures.is_empty(),
+        "first appends to streams nobody held failed while node 1 started: {failures:?}"
+    );
 
     cluster.nodes[1].kill9();
-    let streams = read_all_once_served(&cluster.endpoint(0), STREAMS).await;
+    let streams = read_all_once_served(&cluster.endpoint(0), STREAMS + NEW_STREAMS).await;
     let history = history.lock().unwrap();
     let acked = history.acked.len();
     assert_eq!(
@@ -1611,6 +1628,53 @@ async fn a_node_still_starting_is_handed_no_stream() {
         acked,
         "every acknowledged batch is there once"
     );
+}
+
+/// Once `endpoint`'s node sees a node that is live but still starting, the first
+/// append to each of `streams` (which nobody holds) through it: none may be placed on
+/// the starting node, which would not answer for it. The failures; it checks that the
+/// node was still starting after the last append.
+async fn first_appends_while_a_node_starts(
+    endpoint: String,
+    streams: std::ops::Range<usize>,
+    history: Arc<Mutex<History>>,
+) -> Vec<String> {
+    let starting = |view: &Value| {
+        view["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["live"] == true && n["ready"] == false)
+    };
+    let view = || async {
+        let answer = client()
+            .get(format!("{endpoint}/cluster"))
+            .send()
+            .await
+            .unwrap();
+        answer.json::<Value>().await.unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !starting(&view().await) {
+        assert!(Instant::now() < deadline, "no node was ever seen starting");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut failures = Vec::new();
+    for s in streams {
+        let request = client()
+            .post(format!("{endpoint}/v1/streams/s{s}/records"))
+            .timeout(Duration::from_secs(20));
+        match send_rest_batch(&history, request, BASIN, (s, format!("first.s{s}"), 2)).await {
+            Sent::Acked { .. } => {}
+            Sent::Refused(r) => failures.push(format!("s{s}: {}", r.status())),
+            Sent::NoAnswer => failures.push(format!("s{s}: no answer")),
+        }
+    }
+    assert!(
+        starting(&view().await),
+        "the first appends ended while the node was still starting"
+    );
+    failures
 }
 
 /// A private CA and a certificate it issued for 127.0.0.1, written into `dir`:

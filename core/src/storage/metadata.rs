@@ -146,8 +146,9 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn streams_owned(&self, epoch: u64) -> Result<Vec<u64>>;
     /// Every node known, in epoch order.
     async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>>;
-    /// The nodes whose lease holds now and that are not leaving (those streams are
-    /// placed on), in epoch order, with their advertised URLs.
+    /// The nodes streams are placed on: those whose lease holds now, that have started
+    /// (a node still starting answers no request) and are not leaving, in epoch order,
+    /// with their advertised URLs.
     async fn live_nodes(&self) -> Result<Vec<(u64, String)>>;
     /// Who sequences a stream now.
     async fn stream_owner(&self, stream_id: u64) -> Result<StreamOwner>;
@@ -586,7 +587,17 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         .unwrap()
         .iter()
         .all(|n| n.live && !n.ready));
+    // Nothing is placed on a node still starting.
+    assert!(store.live_nodes().await.unwrap().is_empty());
     assert!(store.renew_lease(a, minute, true).await.unwrap());
+    let placed: Vec<u64> = store
+        .live_nodes()
+        .await
+        .unwrap()
+        .iter()
+        .map(|n| n.0)
+        .collect();
+    assert_eq!(placed, [a]);
     assert!(store.renew_lease(b, minute, true).await.unwrap());
     assert!(store.cluster_nodes().await.unwrap().iter().all(|n| n.ready));
     let live: Vec<u64> = store

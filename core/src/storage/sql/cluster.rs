@@ -196,7 +196,7 @@ impl SqlMetadataStore {
     pub(super) async fn cluster_live_nodes(&self) -> Result<Vec<(u64, String)>> {
         let rows: Vec<(i64, String)> = sqlx::query_as(&self.sql(
             "SELECT epoch, advertise_url FROM nodes \
-             WHERE lease_expires_ms > {now} AND leaving = 0 ORDER BY epoch",
+             WHERE lease_expires_ms > {now} AND leaving = 0 AND ready = 1 ORDER BY epoch",
         ))
         .fetch_all(&self.pool)
         .await
