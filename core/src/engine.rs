@@ -902,10 +902,7 @@ impl Engine {
     /// Whether other nodes may sequence streams: this node is not the only live one
     /// (or does not know, having lost its place among them).
     pub fn has_peers(&self) -> bool {
-        self.inner
-            .membership
-            .rank()
-            .is_none_or(|(_, live)| live > 1)
+        self.inner.membership.may_have_peers()
     }
 
     /// The stream a consumer-group command works on: here, or `OwnedElsewhere`.

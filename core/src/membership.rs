@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::storage::cluster::LiveNode;
 use crate::storage::MetadataStore;
 
 /// How this node takes part in the cluster.
@@ -74,9 +75,8 @@ pub(crate) struct Membership {
     epoch: u64,
     settings: ClusterSettings,
     state: watch::Sender<LeaseState>,
-    /// The nodes streams are placed on (epoch, advertised URL): live, started and not
-    /// leaving, in epoch order, as of the last look.
-    live_nodes: RwLock<Vec<(u64, String)>>,
+    /// The live nodes that are not leaving, in epoch order, as of the last look.
+    live_nodes: RwLock<Vec<LiveNode>>,
     /// Since when the lease has held without a break.
     holding_since: RwLock<Option<Instant>>,
     /// Shutting down: handing its streams to the others, taking none.
@@ -156,7 +156,7 @@ impl Membership {
     /// node. `false` (and nothing changes) when no other node is live to take over.
     pub async fn begin_leaving(&self) -> Result<bool> {
         self.refresh_live_nodes().await?;
-        if !self.live_nodes.read().iter().any(|(e, _)| *e != self.epoch) {
+        if !self.serving_nodes().iter().any(|n| n.epoch != self.epoch) {
             return Ok(false);
         }
         self.metadata.begin_leaving(self.epoch).await?;
@@ -231,31 +231,50 @@ impl Membership {
 
     pub async fn refresh_live_nodes(&self) -> Result<()> {
         let mut nodes = self.metadata.live_nodes().await?;
-        let counts_itself = self.holds() && !self.is_leaving() && self.ready.load(Ordering::SeqCst);
-        if !nodes.iter().any(|(epoch, _)| *epoch == self.epoch) && counts_itself {
-            // Its own renewal is what counts for this node, not the store's last word.
-            nodes.push((self.epoch, self.settings.advertise_url.clone()));
-            nodes.sort();
+        // Its own renewal is what counts for this node, not the store's last word.
+        nodes.retain(|n| n.epoch != self.epoch);
+        if self.holds() && !self.is_leaving() {
+            nodes.push(LiveNode {
+                epoch: self.epoch,
+                advertise_url: self.settings.advertise_url.clone(),
+                ready: self.ready.load(Ordering::SeqCst),
+            });
+            nodes.sort_by_key(|n| n.epoch);
         }
         *self.live_nodes.write() = nodes;
         Ok(())
     }
 
-    /// The node a stream without an owner should go to: streams are spread over the
-    /// live nodes by id, so each takes about its share.
-    pub fn placement(&self, stream_id: u64) -> Option<(u64, String)> {
+    /// The live nodes that have started, which streams are placed on: a node still
+    /// starting answers no request yet.
+    fn serving_nodes(&self) -> Vec<LiveNode> {
         let nodes = self.live_nodes.read();
+        nodes.iter().filter(|n| n.ready).cloned().collect()
+    }
+
+    /// The node a stream without an owner should go to (epoch, advertised URL): streams
+    /// are spread over the serving nodes by id, so each takes about its share.
+    pub fn placement(&self, stream_id: u64) -> Option<(u64, String)> {
+        let nodes = self.serving_nodes();
         if nodes.is_empty() {
             return None;
         }
-        Some(nodes[(stream_id % nodes.len() as u64) as usize].clone())
+        let node = &nodes[(stream_id % nodes.len() as u64) as usize];
+        Some((node.epoch, node.advertise_url.clone()))
     }
 
-    /// This node's rank among the live nodes and their number; `None` while it is not
-    /// one of them (still starting, leaving, or its lease lapsed).
+    /// This node's rank among the serving nodes and their number; `None` while it is
+    /// not one of them (still starting, leaving, or its lease lapsed).
     pub fn rank(&self) -> Option<(usize, usize)> {
-        let nodes = self.live_nodes.read();
-        let rank = nodes.iter().position(|(e, _)| *e == self.epoch)?;
+        let nodes = self.serving_nodes();
+        let rank = nodes.iter().position(|n| n.epoch == self.epoch)?;
         Some((rank, nodes.len()))
+    }
+
+    /// Whether other nodes may sequence streams: another node is live (started or not),
+    /// or this node does not know, having lost its place among them.
+    pub fn may_have_peers(&self) -> bool {
+        let nodes = self.live_nodes.read();
+        !nodes.iter().any(|n| n.epoch == self.epoch) || nodes.len() > 1
     }
 }

@@ -32,6 +32,16 @@ pub struct NodeRecord {
     pub streams_owned: u64,
 }
 
+/// A node whose lease holds and that is not leaving.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveNode {
+    pub epoch: u64,
+    pub advertise_url: String,
+    /// Whether it has finished starting: streams are placed only on such nodes (one
+    /// still starting answers no request yet).
+    pub ready: bool,
+}
+
 /// Where the records of a stream that are not in segments yet are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StreamLog {

@@ -14,7 +14,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use time::OffsetDateTime;
 
-use super::cluster::{NodeRecord, OrphanedStream, StreamChange, StreamClaim, StreamOwner};
+use super::cluster::{
+    LiveNode, NodeRecord, OrphanedStream, StreamChange, StreamClaim, StreamOwner,
+};
 use super::metadata::{BasinRecord, Created, ListPage, ListRange, MetadataStore, StreamRecord};
 use crate::access::AccessTokenInfo;
 use crate::config::{BasinConfig, StreamConfig};
@@ -251,7 +253,7 @@ impl MetadataStore for Deadlines {
         metadata_call(REQUEST_DEADLINE, "listing the nodes", call).await
     }
 
-    async fn live_nodes(&self) -> Result<Vec<(u64, String)>> {
+    async fn live_nodes(&self) -> Result<Vec<LiveNode>> {
         let call = self.store.live_nodes();
         metadata_call(REQUEST_DEADLINE, "listing the live nodes", call).await
     }

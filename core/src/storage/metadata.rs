@@ -6,7 +6,9 @@ use time::OffsetDateTime;
 
 use std::collections::BTreeMap;
 
-use super::cluster::{NodeRecord, OrphanedStream, StreamChange, StreamClaim, StreamOwner};
+use super::cluster::{
+    LiveNode, NodeRecord, OrphanedStream, StreamChange, StreamClaim, StreamOwner,
+};
 use crate::access::AccessTokenInfo;
 use crate::config::{BasinConfig, StreamConfig};
 use crate::error::Result;
@@ -146,10 +148,8 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn streams_owned(&self, epoch: u64) -> Result<Vec<u64>>;
     /// Every node known, in epoch order.
     async fn cluster_nodes(&self) -> Result<Vec<NodeRecord>>;
-    /// The nodes streams are placed on: those whose lease holds now, that have started
-    /// (a node still starting answers no request) and are not leaving, in epoch order,
-    /// with their advertised URLs.
-    async fn live_nodes(&self) -> Result<Vec<(u64, String)>>;
+    /// The nodes whose lease holds now and that are not leaving, in epoch order.
+    async fn live_nodes(&self) -> Result<Vec<LiveNode>>;
     /// Who sequences a stream now.
     async fn stream_owner(&self, stream_id: u64) -> Result<StreamOwner>;
     /// Takes the leases of those of `stream_ids` that are live and have no live owner,
@@ -587,27 +587,25 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         .unwrap()
         .iter()
         .all(|n| n.live && !n.ready));
-    // Nothing is placed on a node still starting.
-    assert!(store.live_nodes().await.unwrap().is_empty());
+    // Live, each said ready as its renewal says (streams are placed only on those).
+    let live_and_ready = || async {
+        let nodes = store.live_nodes().await.unwrap();
+        nodes.iter().map(|n| (n.epoch, n.ready)).collect::<Vec<_>>()
+    };
+    assert_eq!(live_and_ready().await, [(a, false), (b, false)]);
     assert!(store.renew_lease(a, minute, true).await.unwrap());
-    let placed: Vec<u64> = store
-        .live_nodes()
-        .await
-        .unwrap()
-        .iter()
-        .map(|n| n.0)
-        .collect();
-    assert_eq!(placed, [a]);
+    assert_eq!(live_and_ready().await, [(a, true), (b, false)]);
     assert!(store.renew_lease(b, minute, true).await.unwrap());
     assert!(store.cluster_nodes().await.unwrap().iter().all(|n| n.ready));
-    let live: Vec<u64> = store
+    assert_eq!(live_and_ready().await, [(a, true), (b, true)]);
+    let urls: Vec<String> = store
         .live_nodes()
         .await
         .unwrap()
-        .iter()
-        .map(|n| n.0)
+        .into_iter()
+        .map(|n| n.advertise_url)
         .collect();
-    assert_eq!(live, [a, b]);
+    assert_eq!(urls, ["http://a", "http://b"]);
     assert_eq!(
         store.stream_owner(ids[0]).await.unwrap(),
         StreamOwner::Nobody
@@ -757,7 +755,12 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         .await
         .unwrap();
     assert!(store.renew_lease(h, minute, true).await.unwrap());
-    assert!(store.live_nodes().await.unwrap().iter().any(|n| n.0 == h));
+    assert!(store
+        .live_nodes()
+        .await
+        .unwrap()
+        .iter()
+        .any(|n| n.epoch == h));
     let claimed = store.claim_streams(h, &ids[2..]).await.unwrap();
     assert_eq!(claimed.len(), 1);
     let first_lease = claimed[0].lease_epoch;
@@ -818,7 +821,12 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
         .await
         .unwrap();
     store.begin_leaving(h).await.unwrap();
-    assert!(store.live_nodes().await.unwrap().iter().all(|n| n.0 != h));
+    assert!(store
+        .live_nodes()
+        .await
+        .unwrap()
+        .iter()
+        .all(|n| n.epoch != h));
     assert!(store
         .cluster_nodes()
         .await

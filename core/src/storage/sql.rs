@@ -16,7 +16,9 @@ use crate::access::AccessTokenInfo;
 use crate::error::{Error, Resource, Result};
 use crate::names::{BasinName, StreamName};
 use crate::segment::{CompactionCommit, SegmentRecord, StreamCheckpoint};
-use crate::storage::cluster::{NodeRecord, OrphanedStream, StreamChange, StreamClaim, StreamOwner};
+use crate::storage::cluster::{
+    LiveNode, NodeRecord, OrphanedStream, StreamChange, StreamClaim, StreamOwner,
+};
 use crate::storage::usage::{Resolution, StoredBytes, UsagePoint, UsageQuery, UsageRow};
 
 mod cluster;
@@ -971,7 +973,7 @@ impl MetadataStore for SqlMetadataStore {
         SqlMetadataStore::cluster_nodes(self).await
     }
 
-    async fn live_nodes(&self) -> Result<Vec<(u64, String)>> {
+    async fn live_nodes(&self) -> Result<Vec<LiveNode>> {
         self.cluster_live_nodes().await
     }
 

@@ -7,7 +7,7 @@ use sqlx::Row;
 use super::{db, from_ms, stream_from_row, Dialect, SqlMetadataStore, STREAM_COLUMNS};
 use crate::error::{Error, Result};
 use crate::storage::cluster::{
-    NodeRecord, OrphanedStream, StreamChange, StreamClaim, StreamLog, StreamOwner,
+    LiveNode, NodeRecord, OrphanedStream, StreamChange, StreamClaim, StreamLog, StreamOwner,
 };
 
 /// `log_epoch` of a stream written before clusters (see `StreamLog::Legacy`).
@@ -193,15 +193,22 @@ impl SqlMetadataStore {
             .collect())
     }
 
-    pub(super) async fn cluster_live_nodes(&self) -> Result<Vec<(u64, String)>> {
-        let rows: Vec<(i64, String)> = sqlx::query_as(&self.sql(
-            "SELECT epoch, advertise_url FROM nodes \
-             WHERE lease_expires_ms > {now} AND leaving = 0 AND ready = 1 ORDER BY epoch",
+    pub(super) async fn cluster_live_nodes(&self) -> Result<Vec<LiveNode>> {
+        let rows: Vec<(i64, String, i64)> = sqlx::query_as(&self.sql(
+            "SELECT epoch, advertise_url, ready FROM nodes \
+             WHERE lease_expires_ms > {now} AND leaving = 0 ORDER BY epoch",
         ))
         .fetch_all(&self.pool)
         .await
         .map_err(db)?;
-        Ok(rows.into_iter().map(|(e, url)| (e as u64, url)).collect())
+        Ok(rows
+            .into_iter()
+            .map(|(epoch, advertise_url, ready)| LiveNode {
+                epoch: epoch as u64,
+                advertise_url,
+                ready: ready != 0,
+            })
+            .collect())
     }
 
     pub(super) async fn cluster_stream_owner(&self, stream_id: u64) -> Result<StreamOwner> {
