@@ -153,7 +153,8 @@ impl Membership {
     }
 
     /// Starts leaving: the metadata store stops placing streams here, and so does this
-    /// node. `false` (and nothing changes) when no other node is live to take over.
+    /// node. `false` (and nothing changes) when no other node that has started is live
+    /// to take over.
     pub async fn begin_leaving(&self) -> Result<bool> {
         self.refresh_live_nodes().await?;
         if !self.serving_nodes().iter().any(|n| n.epoch != self.epoch) {
@@ -248,8 +249,14 @@ impl Membership {
     /// The live nodes that have started, which streams are placed on: a node still
     /// starting answers no request yet.
     fn serving_nodes(&self) -> Vec<LiveNode> {
+        // Its own readiness as it is now: it may have started since the last look.
+        let ready_here = self.ready.load(Ordering::SeqCst);
         let nodes = self.live_nodes.read();
-        nodes.iter().filter(|n| n.ready).cloned().collect()
+        nodes
+            .iter()
+            .filter(|n| n.ready || (n.epoch == self.epoch && ready_here))
+            .cloned()
+            .collect()
     }
 
     /// The node a stream without an owner should go to (epoch, advertised URL): streams
@@ -276,5 +283,51 @@ impl Membership {
     pub fn may_have_peers(&self) -> bool {
         let nodes = self.live_nodes.read();
         !nodes.iter().any(|n| n.epoch == self.epoch) || nodes.len() > 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::sql::SqlMetadataStore;
+
+    /// Streams are placed only on nodes that have started, this one included as soon
+    /// as it has; a node still starting still counts as a peer that may hold streams.
+    #[tokio::test]
+    async fn streams_are_placed_only_on_nodes_that_have_started() {
+        let (store, _dir) = SqlMetadataStore::temporary().await;
+        let store: Arc<dyn MetadataStore> = Arc::new(store);
+        let settings = ClusterSettings {
+            lease: Duration::from_secs(60),
+            ..ClusterSettings::default()
+        };
+        let here = Membership::join(store.clone(), store.next_epoch().await.unwrap(), settings)
+            .await
+            .unwrap();
+        let peer = store.next_epoch().await.unwrap();
+        store
+            .join_cluster(peer, "peer", "http://peer", 60_000)
+            .await
+            .unwrap();
+        here.refresh_live_nodes().await.unwrap();
+        // Both starting: nothing is placed anywhere, and this node has no share.
+        assert_eq!(here.placement(7), None);
+        assert_eq!(here.rank(), None);
+        assert!(here.may_have_peers());
+
+        // Started: at once, before its next look at the cluster.
+        here.become_ready().await;
+        assert_eq!(here.rank(), Some((0, 1)));
+        assert_eq!(
+            here.placement(7).map(|(epoch, _)| epoch),
+            Some(here.epoch())
+        );
+
+        // The peer has started too: the streams are spread over both.
+        assert!(store.renew_lease(peer, 60_000, true).await.unwrap());
+        here.refresh_live_nodes().await.unwrap();
+        assert_eq!(here.rank(), Some((0, 2)));
+        let placed: Vec<u64> = (0..4).map(|id| here.placement(id).unwrap().0).collect();
+        assert_eq!(placed, [here.epoch(), peer, here.epoch(), peer]);
     }
 }

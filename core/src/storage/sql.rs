@@ -207,7 +207,6 @@ pub struct SqlMetadataStore {
 }
 
 impl SqlMetadataStore {
-    /// The embedded default: a SQLite file, created if missing.
     /// A SQLite store in a new temporary directory (for unit tests), with the directory,
     /// which must outlive it.
     #[cfg(test)]
@@ -219,6 +218,7 @@ impl SqlMetadataStore {
         (store, dir)
     }
 
+    /// The embedded default: a SQLite file, created if missing.
     pub async fn open_sqlite(path: &Path) -> Result<Self> {
         sqlx::any::install_default_drivers();
         let url = format!("sqlite://{}?mode=rwc", path.display());
