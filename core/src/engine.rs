@@ -326,11 +326,11 @@ impl Engine {
 
     /// Takes back the streams this node held before it started, and those written
     /// before clusters (the others nobody holds go to nodes that serve already, or to
-    /// this one once it does: see `Ownership::take_orphans`). A store that is away meanwhile (`Unavailable`: S3 or PostgreSQL
-    /// not answering) is waited for, the takeover tried again with a growing pause,
-    /// rather than ending the process: what a failed attempt did is made again by the
-    /// next (see `Ownership::take`). Other failures (a damaged log, a lost lease) end
-    /// the start-up with their error.
+    /// this one once it does: see `Ownership::take_orphans`). A store that is away
+    /// meanwhile (`Unavailable`: S3 or PostgreSQL not answering) is waited for, the
+    /// takeover tried again with a growing pause, rather than ending the process: what a
+    /// failed attempt did is made again by the next (see `Ownership::take`). Other
+    /// failures (a damaged log, a lost lease) end the start-up with their error.
     async fn take_back_at_start(&self) -> Result<usize> {
         let mut pause = START_RETRY_FIRST;
         let ownership = &self.inner.ownership;
@@ -510,7 +510,8 @@ impl Engine {
         outcome
     }
 
-    /// Whether this node does the cluster-wide lifecycle work: the first live node.
+    /// Whether this node does the cluster-wide lifecycle work: the live node with the
+    /// lowest epoch among those that have started.
     fn is_lifecycle_leader(&self) -> bool {
         self.inner
             .membership

@@ -223,7 +223,8 @@ impl Ownership {
     /// Hands every stream this node sequences to the other nodes, for a shutdown that
     /// fails no append (see `hand_over`): each goes to the node the placement rule
     /// gives it, which takes it over from this node's log. How many streams it handed
-    /// over; nothing is handed over when no other node is live. Cancelled part way (the
+    /// over; nothing is handed over when no other node that has started is live.
+    /// Cancelled part way (the
     /// caller's time limit), it leaves the streams out of service here and their leases
     /// with this node, which others take from its log once it has left.
     pub async fn hand_off(&self) -> Result<usize> {
@@ -612,7 +613,7 @@ impl Ownership {
         }
         let identity = &self.membership.settings().identity;
         // A node still starting is not among the nodes streams are placed on, so it has
-        // no share of others' streams yet (the live nodes take them), only its own.
+        // no share of others' streams yet (the nodes that serve take them), only its own.
         let share = self.membership.rank();
         let mut taken = 0;
         loop {

@@ -1630,10 +1630,11 @@ async fn a_node_still_starting_is_handed_no_stream() {
     );
 }
 
-/// Once `endpoint`'s node sees a node that is live but still starting, the first
-/// append to each of `streams` (which nobody holds) through it: none may be placed on
-/// the starting node, which would not answer for it. The failures; it checks that the
-/// node was still starting after the last append.
+/// Once `endpoint`'s node, which holds every stream before `streams`, sees a node that
+/// is live but still starting, the first append to each of `streams` (which nobody
+/// holds) through it: none may be placed on the starting node, which would not answer
+/// for it. The failures; it checks that the node was still starting after the last
+/// append, and that `endpoint`'s node then served every stream, the new ones too.
 async fn first_appends_while_a_node_starts(
     endpoint: String,
     streams: std::ops::Range<usize>,
@@ -1660,7 +1661,7 @@ async fn first_appends_while_a_node_starts(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut failures = Vec::new();
-    for s in streams {
+    for s in streams.clone() {
         let request = client()
             .post(format!("{endpoint}/v1/streams/s{s}/records"))
             .timeout(Duration::from_secs(20));
@@ -1670,9 +1671,15 @@ async fn first_appends_while_a_node_starts(
             Sent::NoAnswer => failures.push(format!("s{s}: no answer")),
         }
     }
+    let after = view().await;
     assert!(
-        starting(&view().await),
+        starting(&after),
         "the first appends ended while the node was still starting"
+    );
+    assert_eq!(
+        after["node"]["streams_served"].as_u64(),
+        Some(streams.end as u64),
+        "the node the first appends went through serves every stream: {after}"
     );
     failures
 }
