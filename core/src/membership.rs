@@ -157,7 +157,7 @@ impl Membership {
     /// to take over.
     pub async fn begin_leaving(&self) -> Result<bool> {
         self.refresh_live_nodes().await?;
-        if !self.serving_nodes().iter().any(|n| n.epoch != self.epoch) {
+        if !self.with_serving_nodes(|nodes| nodes.iter().any(|n| n.epoch != self.epoch)) {
             return Ok(false);
         }
         self.metadata.begin_leaving(self.epoch).await?;
@@ -246,36 +246,35 @@ impl Membership {
         Ok(())
     }
 
-    /// The live nodes that have started, which streams are placed on: a node still
-    /// starting answers no request yet.
-    fn serving_nodes(&self) -> Vec<LiveNode> {
+    /// `f` of the live nodes that have started, which streams are placed on: a node
+    /// still starting answers no request yet.
+    fn with_serving_nodes<R>(&self, f: impl FnOnce(&[&LiveNode]) -> R) -> R {
         // Its own readiness as it is now: it may have started since the last look.
         let ready_here = self.ready.load(Ordering::SeqCst);
         let nodes = self.live_nodes.read();
-        nodes
+        let serving: Vec<&LiveNode> = nodes
             .iter()
             .filter(|n| n.ready || (n.epoch == self.epoch && ready_here))
-            .cloned()
-            .collect()
+            .collect();
+        f(&serving)
     }
 
     /// The node a stream without an owner should go to (epoch, advertised URL): streams
     /// are spread over the serving nodes by id, so each takes about its share.
     pub fn placement(&self, stream_id: u64) -> Option<(u64, String)> {
-        let nodes = self.serving_nodes();
-        if nodes.is_empty() {
-            return None;
-        }
-        let node = &nodes[(stream_id % nodes.len() as u64) as usize];
-        Some((node.epoch, node.advertise_url.clone()))
+        self.with_serving_nodes(|nodes| {
+            let node = nodes.get((stream_id % nodes.len().max(1) as u64) as usize)?;
+            Some((node.epoch, node.advertise_url.clone()))
+        })
     }
 
     /// This node's rank among the serving nodes and their number; `None` while it is
     /// not one of them (still starting, leaving, or its lease lapsed).
     pub fn rank(&self) -> Option<(usize, usize)> {
-        let nodes = self.serving_nodes();
-        let rank = nodes.iter().position(|n| n.epoch == self.epoch)?;
-        Some((rank, nodes.len()))
+        self.with_serving_nodes(|nodes| {
+            let rank = nodes.iter().position(|n| n.epoch == self.epoch)?;
+            Some((rank, nodes.len()))
+        })
     }
 
     /// Whether other nodes may sequence streams: another node is live (started or not),
