@@ -1565,16 +1565,8 @@ async fn a_node_still_starting_is_handed_no_stream() {
             while !stop.load(Ordering::SeqCst) {
                 for s in 0..STREAMS {
                     batch += 1;
-                    let request = client()
-                        .post(format!("{endpoint}/v1/streams/s{s}/records"))
-                        .timeout(Duration::from_secs(20));
-                    match send_rest_batch(&history, request, BASIN, (s, format!("b{batch}"), 2))
-                        .await
-                    {
-                        Sent::Acked { .. } => {}
-                        Sent::Refused(r) => failures.push(format!("s{s}: {}", r.status())),
-                        Sent::NoAnswer => failures.push(format!("s{s}: no answer")),
-                    }
+                    let id = format!("b{batch}");
+                    failures.extend(append_once(&history, &endpoint, s, id).await);
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -1630,6 +1622,24 @@ async fn a_node_still_starting_is_handed_no_stream() {
     );
 }
 
+/// One batch `id` of two records appended to `s{s}` through `endpoint`, and no retry:
+/// why it failed, if it did.
+async fn append_once(
+    history: &Mutex<History>,
+    endpoint: &str,
+    s: usize,
+    id: String,
+) -> Option<String> {
+    let request = client()
+        .post(format!("{endpoint}/v1/streams/s{s}/records"))
+        .timeout(Duration::from_secs(20));
+    match send_rest_batch(history, request, BASIN, (s, id, 2)).await {
+        Sent::Acked { .. } => None,
+        Sent::Refused(r) => Some(format!("s{s}: {}", r.status())),
+        Sent::NoAnswer => Some(format!("s{s}: no answer")),
+    }
+}
+
 /// Once `endpoint`'s node, which holds every stream before `streams`, sees a node that
 /// is live but still starting, the first append to each of `streams` (which nobody
 /// holds) through it: none may be placed on the starting node, which would not answer
@@ -1662,14 +1672,7 @@ async fn first_appends_while_a_node_starts(
     }
     let mut failures = Vec::new();
     for s in streams.clone() {
-        let request = client()
-            .post(format!("{endpoint}/v1/streams/s{s}/records"))
-            .timeout(Duration::from_secs(20));
-        match send_rest_batch(&history, request, BASIN, (s, format!("first.s{s}"), 2)).await {
-            Sent::Acked { .. } => {}
-            Sent::Refused(r) => failures.push(format!("s{s}: {}", r.status())),
-            Sent::NoAnswer => failures.push(format!("s{s}: no answer")),
-        }
+        failures.extend(append_once(&history, &endpoint, s, format!("first.s{s}")).await);
     }
     let after = view().await;
     assert!(
