@@ -789,6 +789,11 @@ fn read_range(path: &Path, range: Range<u64>) -> std::io::Result<Bytes> {
             Err(e) => return Err(e),
         }
     }
+    read_range_buffered(path, range)
+}
+
+/// `range` read through the page cache.
+fn read_range_buffered(path: &Path, range: Range<u64>) -> std::io::Result<Bytes> {
     let mut file = File::open(path)?;
     let opened = file.metadata()?;
     let file_len = opened.len();
@@ -953,6 +958,70 @@ mod tests {
         let store = LocalDirObjectStore::open(dir.path()).unwrap();
         assert!(store.list("").await.unwrap().is_empty());
         assert!(!dir.path().join("wal/chunk.1.0.partial").exists());
+    }
+
+    /// Both ways a range is read (through the page cache, and around it where the file
+    /// system takes direct I/O) give the object's bytes at any offsets: block-aligned or
+    /// not, with the footer block read apart or as part of the range.
+    #[tokio::test]
+    async fn ranges_read_the_same_bytes_through_and_around_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalDirObjectStore::open(dir.path()).unwrap();
+        let data: Bytes = (0..(3 * BLOCK as u32 * 100 + 77))
+            .map(|i| (i % 253) as u8)
+            .collect();
+        store.put("segments/big", data.clone()).await.unwrap();
+        let path = dir.path().join("segments/big");
+        let len = data.len() as u64;
+        let ranges = [
+            0..len,
+            0..BLOCK as u64,
+            1..BLOCK as u64 + 1,
+            BLOCK as u64 * 7 + 13..len / 2 + 5,
+            len - 200_000..len,
+            len - 1..len,
+            5..6,
+        ];
+        let expected = |r: &Range<u64>| data.slice(r.start as usize..r.end as usize);
+        for range in &ranges {
+            let buffered = read_range_buffered(&path, range.clone()).unwrap();
+            assert!(buffered == expected(range), "buffered {range:?}");
+            assert!(read_range(&path, range.clone()).unwrap() == expected(range));
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            let takes_direct_io = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&path)
+                .is_ok();
+            for range in &ranges {
+                match read_range_direct(&path, range.clone()).unwrap() {
+                    Some(direct) => assert!(direct == expected(range), "direct {range:?}"),
+                    // Only where the file system refuses direct I/O (tmpfs before 6.6).
+                    None => assert!(!takes_direct_io, "direct read refused for {range:?}"),
+                }
+            }
+        }
+        // Past the object's data: refused, both ways.
+        assert!(read_range_buffered(&path, len - 10..len + 1).is_err());
+        #[cfg(target_os = "linux")]
+        assert!(read_range_direct(&path, len - 10..len + 1).is_err());
+    }
+
+    /// A file shorter than the read: an error, as `read_exact` gives, not a short buffer.
+    #[test]
+    fn a_read_past_the_end_of_a_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("short");
+        fs::write(&path, b"0123456789").unwrap();
+        let file = File::open(&path).unwrap();
+        let mut buf = b"kept".to_vec();
+        append_exact_at(&file, &mut buf, 6, 4).unwrap();
+        assert_eq!(&buf[..], b"kept456789");
+        let err = append_exact_at(&file, &mut buf, 3, 8).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 
     /// A store in a directory of its own, holding one object.
