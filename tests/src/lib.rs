@@ -3,6 +3,7 @@
 //! data. Used by the black-box tests here and by the compatibility suites.
 
 pub mod cluster;
+mod exits;
 pub mod history;
 pub mod linearizability;
 pub mod power_loss_fs;
@@ -180,6 +181,8 @@ pub struct Server {
     test_root_token: bool,
     /// Extra environment variables of the process.
     env: Vec<(String, String)>,
+    /// The current process's run: whether the test stops it.
+    run: exits::Run,
 }
 
 /// A port nothing listens on now, below the range the kernel hands out for outgoing
@@ -231,6 +234,7 @@ impl Server {
             resp_listen: unused_port(),
             test_root_token,
             env: Vec::new(),
+            run: exits::Run::default(),
         };
         server.spawn();
         server
@@ -270,9 +274,12 @@ impl Server {
                 std::env::var("STREAMGATE_TEST_LOG").unwrap_or("warn".into()),
             )
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("starting streamgate");
+        self.run = exits::Run::default();
+        self.run
+            .follow_log(child.stderr.take().unwrap(), &listen, child.id());
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -298,9 +305,16 @@ impl Server {
                 }
             }
         });
-        let (endpoint, resp_port, banner) = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("streamgate did not report its address within 60 s");
+        let (endpoint, resp_port, banner) = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(started) => started,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("streamgate did not report its address within 60 s")
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait();
+                panic!("streamgate stopped before it reported its address: {status:?}")
+            }
+        };
         self.banner = banner;
         self.port = endpoint.rsplit(':').next().unwrap().parse().unwrap();
         self.resp_port = resp_port;
@@ -312,6 +326,7 @@ impl Server {
     /// SIGKILL: the process gets no chance to flush or clean up.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
+            self.run.expect_exit();
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -320,6 +335,7 @@ impl Server {
     /// SIGTERM, then waits for the process to drain and exit; returns its exit code.
     pub fn terminate(&mut self) -> Option<i32> {
         let mut child = self.child.take()?;
+        self.run.expect_exit();
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(child.id().to_string())
@@ -399,6 +415,7 @@ impl Server {
     /// Waits up to `timeout` for the running process to exit on its own; how it ended,
     /// or `None` if it is still running.
     pub fn wait_for_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        self.run.expect_exit();
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             let child = self.child.as_mut().expect("the server is running");
