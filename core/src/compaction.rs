@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
@@ -71,7 +71,14 @@ pub(crate) struct Compactor {
     uncertain: AtomicBool,
     /// Merges small segments after each round; `None` when merging is off.
     merger: Option<Mutex<SegmentMerger>>,
+    /// Since when commits have been refused because a stream this node handed to
+    /// another one still has its records in this node's log (see `run_round`).
+    waiting_for_hand_over: parking_lot::Mutex<Option<Instant>>,
 }
+
+/// How long compaction may wait for a handed-over stream to be taken up by its new
+/// owner before it says so at `WARN`: a hand-over takes a moment, not minutes.
+const HAND_OVER_WAIT_WARNING: Duration = Duration::from_secs(60);
 
 /// What one round did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -112,6 +119,7 @@ impl Compactor {
             state: Mutex::new(state),
             uncertain: AtomicBool::new(false),
             merger: None,
+            waiting_for_hand_over: parking_lot::Mutex::new(None),
         }
     }
 
@@ -270,11 +278,35 @@ impl Compactor {
         let obsolete_after = OffsetDateTime::now_utc() + self.obsolete_grace;
         // Uncertain until the answer arrives (also if this round is cancelled meanwhile).
         self.uncertain.store(true, Ordering::SeqCst);
-        if let Err(err) = self
+        let committed = self
             .metadata
             .commit_compaction(&commit, obsolete_after)
-            .await
-        {
+            .await;
+        if let Err(Error::StreamMoved) = committed {
+            // Refused, and nothing written: a stream this node handed to another one
+            // (shutting down, or evening out shares) still has records in this
+            // node's log, which the new owner reads when it takes the stream up. That
+            // takes a moment; a later round goes through.
+            self.uncertain.store(false, Ordering::SeqCst);
+            let since = *self
+                .waiting_for_hand_over
+                .lock()
+                .get_or_insert_with(Instant::now);
+            if since.elapsed() >= HAND_OVER_WAIT_WARNING {
+                tracing::warn!(
+                    waited_secs = since.elapsed().as_secs(),
+                    "compaction is waiting for a stream this node handed over to be taken up \
+                     by its new owner; this node's log is kept (and grows) meanwhile"
+                );
+            } else {
+                tracing::debug!(
+                    "compaction waits for a handed-over stream to be taken up by its new owner"
+                );
+            }
+            return Ok(CompactionStats::default());
+        }
+        *self.waiting_for_hand_over.lock() = None;
+        if let Err(err) = committed {
             if self.relearn(&mut state, live).await.is_ok() {
                 tracing::warn!(error = %err, "a compaction commit failed; learned from the metadata store whether it landed");
             }

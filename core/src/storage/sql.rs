@@ -1027,10 +1027,9 @@ impl MetadataStore for SqlMetadataStore {
                 .await
                 .map_err(db)?;
                 if log == Some(node as i64) {
-                    return Err(Error::storage(format!(
-                        "stream {id} has records in this node's log but is not served here; \
-                         compaction stops so they are kept"
-                    )));
+                    // Handed over, and not yet taken up by its new owner, which reads
+                    // its records from this log: the commit must wait until it has.
+                    return Err(Error::StreamMoved);
                 }
             }
         }
