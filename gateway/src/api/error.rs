@@ -7,6 +7,8 @@ use axum::Json;
 use serde_json::{json, Value};
 use streamgate_core::{Error, ErrorKind};
 
+use super::failure_log;
+
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
@@ -111,7 +113,7 @@ impl From<Error> for ApiError {
             };
         }
         if status.is_server_error() && !matches!(err, Error::ServerDraining) {
-            tracing::warn!(code = err.code(), error = %err, "request failed");
+            failure_log::log_failure(err.code(), &err);
         }
         let retry_after = match &err {
             Error::RateLimited { retry_after, .. } => {

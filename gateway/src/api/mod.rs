@@ -3,6 +3,7 @@
 mod basins;
 pub(crate) mod error;
 pub(crate) mod extract;
+mod failure_log;
 pub mod forward;
 pub(crate) mod json;
 mod metrics;
