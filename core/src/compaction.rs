@@ -283,10 +283,10 @@ impl Compactor {
             .commit_compaction(&commit, obsolete_after)
             .await;
         if let Err(Error::StreamMoved) = committed {
-            // Refused, and nothing written: a stream this node handed to another one
-            // (shutting down, or evening out shares) still has records in this
-            // node's log, which the new owner reads when it takes the stream up. That
-            // takes a moment; a later round goes through.
+            // Refused, and nothing written: a stream of the round was handed to another
+            // node (shutting down, or evening out shares) while the round ran, or it
+            // still has records in this node's log, which the new owner reads when it
+            // takes the stream up. That takes a moment; a later round goes through.
             self.uncertain.store(false, Ordering::SeqCst);
             let since = *self
                 .waiting_for_hand_over
@@ -305,7 +305,6 @@ impl Compactor {
             }
             return Ok(CompactionStats::default());
         }
-        *self.waiting_for_hand_over.lock() = None;
         if let Err(err) = committed {
             if self.relearn(&mut state, live).await.is_ok() {
                 tracing::warn!(error = %err, "a compaction commit failed; learned from the metadata store whether it landed");
@@ -313,6 +312,7 @@ impl Compactor {
             return Err(err);
         }
         self.uncertain.store(false, Ordering::SeqCst);
+        *self.waiting_for_hand_over.lock() = None;
         crash_point("compaction:committed");
 
         // Readers switch to the segments only now that the index has them.

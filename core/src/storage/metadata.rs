@@ -176,8 +176,10 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Commits a compaction round atomically (see [`CompactionCommit`]). Segments of
     /// streams that are gone or being deleted by now are not indexed: their objects are
     /// recorded as obsolete instead. Obsolete objects may be deleted from `obsolete_after`.
-    /// `StreamMoved`, committing nothing, when one of `skipped_streams` still has its
-    /// records in the log of the committing node (handed over, not yet taken up).
+    /// `StreamMoved`, committing nothing, when a stream of the round moved to another
+    /// node: one of `skipped_streams` still has its records in the log of the
+    /// committing node (handed over, not yet taken up), or a stream the round compacted
+    /// is held by another node by now.
     async fn commit_compaction(
         &self,
         commit: &CompactionCommit,
@@ -707,6 +709,18 @@ async fn cluster_conformance(store: &dyn MetadataStore, basin: &BasinName) {
             Err(Error::StreamMoved)
         ),
         "its records are in c's log, to be taken up by the stream's next owner"
+    );
+    let held_elsewhere = CompactionCommit {
+        committed_by: Some(c),
+        checkpoints: vec![(ids[1], StreamCheckpoint::default())],
+        ..Default::default()
+    };
+    assert!(
+        matches!(
+            store.commit_compaction(&held_elsewhere, now).await,
+            Err(Error::StreamMoved)
+        ),
+        "ids[1] is a's, not c's"
     );
 
     // Changes to the streams a node holds are seen by it.

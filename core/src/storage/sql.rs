@@ -1042,10 +1042,7 @@ impl MetadataStore for SqlMetadataStore {
                 // rebuilt by its new owner from the log, and must not be indexed twice.
                 if let (Some(node), Some(Some(owner))) = (commit.committed_by, owner) {
                     if owner != node as i64 {
-                        return Err(Error::storage(format!(
-                            "stream {id} is held by another node now; this compaction round \
-                             is not committed"
-                        )));
+                        return Err(Error::StreamMoved);
                     }
                 }
                 slot.insert(owner.is_some());
