@@ -128,11 +128,28 @@ def test_fence_trim_and_fenced_appends(s2):
     assert s2("check-tail", uri).stdout.startswith("6 @ ")
 
 
+# s2-cli 0.43.4's bench has a race of its own: its writer checks the stop flag at the top
+# of its loop and again in the conditions of a `tokio::select!` (src/bench.rs). When the
+# flag flips in between while no append is in flight, every branch is disabled and the
+# writer task panics with this message; the bench then waits forever for a writer that is
+# gone. That hang is retried; every other failure or hang fails the test.
+CLI_BENCH_WRITER_RACE = "all branches are disabled and there is no else branch"
+
+
 def test_bench_runs_and_verifies(s2):
     s2("create-basin", BASIN)
-    result = s2(
-        "bench", BASIN, "--duration", "2s", "--target-mibps", "1", "--catchup-delay", "0s", timeout=300
-    )
+    attempts = 3
+    for attempt in range(1, attempts + 1):
+        try:
+            result = s2(
+                "bench", BASIN, "--duration", "2s", "--target-mibps", "1", "--catchup-delay", "0s", timeout=90
+            )
+            break
+        except subprocess.TimeoutExpired as hung:
+            stderr = hung.stderr.decode(errors="replace") if isinstance(hung.stderr, bytes) else hung.stderr or ""
+            if CLI_BENCH_WRITER_RACE not in stderr or attempt == attempts:
+                raise AssertionError(f"s2 bench hung (attempt {attempt} of {attempts}):\n{stderr}") from None
+            print(f"s2 bench attempt {attempt} hit the CLI's own writer race; running it again")
     assert "Write:" in result.stderr and "Read:" in result.stderr, result.stderr
     assert "Catchup:" in result.stderr, result.stderr
     assert "verification failed" not in result.stderr
