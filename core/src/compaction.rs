@@ -557,4 +557,88 @@ mod tests {
         assert_eq!(check_readable(&segments), [(0, 4096), (4096, 5000)]);
         assert!(segments[0].0.encode_entries().len() <= 4096 * 40);
     }
+
+    /// Node a hands its stream to node b, whose takeover has not committed yet: a's
+    /// round over the chunk with the stream's records commits nothing, and that is a
+    /// round with nothing done (no error, nothing uncertain to relearn), not a failure.
+    /// Once b has taken the stream up, the same chunk is compacted away.
+    #[tokio::test]
+    async fn a_round_waits_for_a_handed_over_stream_to_be_taken_up() {
+        use crate::storage::memory::MemoryObjectStore;
+        use crate::storage::metadata::create_basin_and_stream;
+        use crate::storage::sql::SqlMetadataStore;
+
+        let (store, _dir) = SqlMetadataStore::temporary().await;
+        let metadata: Arc<dyn MetadataStore> = Arc::new(store);
+        let now = OffsetDateTime::now_utc();
+        let stream = create_basin_and_stream(&*metadata, "hand-over", "s", now).await;
+        let minute = 60_000;
+        let a = metadata.next_epoch().await.unwrap();
+        let b = metadata.next_epoch().await.unwrap();
+        for (epoch, name) in [(a, "node-a"), (b, "node-b")] {
+            metadata
+                .join_cluster(epoch, name, &format!("http://{name}"), minute)
+                .await
+                .unwrap();
+            assert!(metadata.renew_lease(epoch, minute, true).await.unwrap());
+        }
+        let claimed = metadata.claim_streams(a, &[stream.id]).await.unwrap();
+        metadata
+            .commit_takeover(a, &[(stream.id, claimed[0].lease_epoch)])
+            .await
+            .unwrap();
+
+        // a's log: one released chunk holding the stream's first record.
+        let objects = Arc::new(MemoryObjectStore::default());
+        let mut chunk = ChunkBuilder::with_capacity(0);
+        let record = StoredRecord {
+            timestamp: 1,
+            headers: vec![],
+            body: Bytes::from_static(b"handed over"),
+        };
+        chunk.push(stream.id, 0, &[record]);
+        objects
+            .put(&chunk_key(a, 0), chunk.finish().0)
+            .await
+            .unwrap();
+        let (_release, released) = watch::channel(1);
+        let state = CompactionState {
+            checkpoints: HashMap::new(),
+            logs: BTreeMap::new(),
+        };
+        let compactor = Compactor::new(
+            metadata.clone(),
+            objects,
+            Arc::new(ChunkCache::new(0)),
+            a,
+            released,
+            Duration::ZERO,
+            state,
+        );
+        assert_eq!(
+            metadata
+                .release_streams(a, &[stream.id], Some(b))
+                .await
+                .unwrap(),
+            1
+        );
+        // a serves the stream no more.
+        let served_by_a = HashMap::new;
+
+        let round = compactor.run_round(served_by_a).await.unwrap();
+        assert_eq!(round, CompactionStats::default());
+        assert!(!compactor.is_uncertain(), "the store's answer was certain");
+        assert!(compactor.waiting_for_hand_over.lock().is_some());
+        assert_eq!(metadata.wal_watermarks().await.unwrap().get(&a), None);
+
+        let handed = metadata.claim_streams(b, &[stream.id]).await.unwrap();
+        metadata
+            .commit_takeover(b, &[(stream.id, handed[0].lease_epoch)])
+            .await
+            .unwrap();
+        let round = compactor.run_round(served_by_a).await.unwrap();
+        assert_eq!((round.chunks, round.segments), (1, 0));
+        assert!(compactor.waiting_for_hand_over.lock().is_none());
+        assert_eq!(metadata.wal_watermarks().await.unwrap().get(&a), Some(&1));
+    }
 }
