@@ -8,6 +8,10 @@
 //! before the commit leaves the log as it was (the segments are rewritten next time);
 //! a crash after it leaves obsolete chunks below the watermark, which recovery skips and
 //! the lifecycle task deletes.
+//!
+//! A chunk of this node's epoch whose streams are all gone from it (deleted, or handed
+//! to another node) is taken without being read: the writer said which streams it holds
+//! when it released it (`wal::released`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +21,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use time::OffsetDateTime;
-use tokio::sync::{watch, Mutex};
+use tokio::sync::Mutex;
 
 use crate::cache::ChunkCache;
 use crate::crash_point::crash_point;
@@ -30,6 +34,7 @@ use crate::segment::{
 use crate::segment_merge::SegmentMerger;
 use crate::storage::{MetadataStore, ObjectStore};
 use crate::stream::{SequencerState, StreamState};
+use crate::wal::released::ReleasedChunks;
 use crate::wal::{chunk_key, decode_chunk, ChunkBuilder, EntryKind};
 
 /// At most this many WAL chunks (and about this many bytes of them) per round, so a
@@ -62,7 +67,7 @@ pub(crate) struct Compactor {
     objects: Arc<dyn ObjectStore>,
     wal_cache: Arc<ChunkCache>,
     epoch: u64,
-    released: watch::Receiver<u64>,
+    released: ReleasedChunks,
     /// How long compacted chunks stay after the commit, for reads already under way.
     obsolete_grace: Duration,
     state: Mutex<CompactionState>,
@@ -104,7 +109,7 @@ impl Compactor {
         objects: Arc<dyn ObjectStore>,
         wal_cache: Arc<ChunkCache>,
         epoch: u64,
-        released: watch::Receiver<u64>,
+        released: ReleasedChunks,
         obsolete_grace: Duration,
         mut state: CompactionState,
     ) -> Self {
@@ -141,6 +146,9 @@ impl Compactor {
         if self.uncertain.load(Ordering::SeqCst) {
             self.relearn(&mut state, &live_streams()).await?;
         }
+        if let Some(log) = state.logs.get(&self.epoch) {
+            self.released.forget_below(log.next);
+        }
         let (chunks, finished_epochs) = self.next_chunks(&state);
         if chunks.is_empty() && finished_epochs.is_empty() {
             return Ok(CompactionStats::default());
@@ -153,10 +161,18 @@ impl Compactor {
         let mut taken = Vec::new();
         let mut not_served = std::collections::BTreeSet::new();
         let mut fetched = stream::iter(chunks.iter().copied())
-            .map(|(epoch, number)| self.read_chunk(epoch, number))
+            .map(|(epoch, number)| self.fetch_chunk(epoch, number, live))
             .buffered(PARALLEL_REQUESTS);
         while let Some(fetched) = fetched.next().await {
             let ((epoch, number), key, chunk) = fetched?;
+            let chunk = match chunk {
+                FetchedChunk::Read(chunk) => chunk,
+                FetchedChunk::AllGone(streams) => {
+                    not_served.extend(streams.iter().copied());
+                    taken.push((epoch, number, key));
+                    continue;
+                }
+            };
             for entry in decode_chunk(&key, &chunk)? {
                 if !live.contains_key(&entry.stream_id) {
                     not_served.insert(entry.stream_id); // deleted, checked below
@@ -411,7 +427,7 @@ impl Compactor {
         for (epoch, log) in &state.logs {
             let end = match &log.end {
                 Some((end, _)) => *end,
-                None if *epoch == self.epoch => *self.released.borrow(),
+                None if *epoch == self.epoch => self.released.count(),
                 None => log.next,
             };
             if log.next >= end && log.end.is_some() {
@@ -427,8 +443,22 @@ impl Compactor {
         (chunks, finished)
     }
 
-    async fn read_chunk(&self, epoch: u64, number: u64) -> Result<((u64, u64), String, Bytes)> {
+    /// Reads a chunk, unless it is one of this epoch's whose streams are all known to be
+    /// gone from `live`: its entries would all be skipped.
+    async fn fetch_chunk(
+        &self,
+        epoch: u64,
+        number: u64,
+        live: &HashMap<u64, Arc<StreamState>>,
+    ) -> Result<((u64, u64), String, FetchedChunk)> {
         let key = chunk_key(epoch, number);
+        if epoch == self.epoch {
+            if let Some(streams) = self.released.streams_of(number) {
+                if !streams.iter().any(|id| live.contains_key(id)) {
+                    return Ok(((epoch, number), key, FetchedChunk::AllGone(streams)));
+                }
+            }
+        }
         let chunk = match self.wal_cache.get(&key) {
             Some(chunk) => chunk,
             None => self.objects.get(&key).await?.ok_or_else(|| {
@@ -437,8 +467,15 @@ impl Compactor {
                 ))
             })?,
         };
-        Ok(((epoch, number), key, chunk))
+        Ok(((epoch, number), key, FetchedChunk::Read(chunk)))
     }
+}
+
+/// A chunk as a round takes it.
+enum FetchedChunk {
+    Read(Bytes),
+    /// Not read: every stream it holds entries of (these) is gone from this node.
+    AllGone(Box<[u64]>),
 }
 
 /// Splits one stream's entries into segments of about `MAX_SEGMENT_BYTES` and at most
@@ -485,6 +522,7 @@ fn cut_segments(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::memory::MemoryObjectStore;
     use crate::wal::{decode_entry, EntrySpan, StoredRecord};
 
     /// Stream 9's entries of one record each, with these body sizes, as compaction
@@ -558,66 +596,118 @@ mod tests {
         assert!(segments[0].0.encode_entries().len() <= 4096 * 40);
     }
 
+    /// A SQLite metadata store with these streams (each in a basin of its own), and a
+    /// node joined, ready and holding them all; the store (with the directory it lives
+    /// in), the streams' ids and the node's epoch.
+    async fn node_with_streams(
+        names: &[&str],
+    ) -> (Arc<dyn MetadataStore>, tempfile::TempDir, Vec<u64>, u64) {
+        use crate::storage::metadata::create_basin_and_stream;
+        use crate::storage::sql::SqlMetadataStore;
+
+        let (store, dir) = SqlMetadataStore::temporary().await;
+        let metadata: Arc<dyn MetadataStore> = Arc::new(store);
+        let now = OffsetDateTime::now_utc();
+        let mut ids = Vec::new();
+        for name in names {
+            let basin = format!("compaction-{name}");
+            ids.push(
+                create_basin_and_stream(&*metadata, &basin, name, now)
+                    .await
+                    .id,
+            );
+        }
+        let epoch = join(&*metadata, "node-a").await;
+        let claimed = metadata.claim_streams(epoch, &ids).await.unwrap();
+        let leases: Vec<(u64, u64)> = claimed
+            .iter()
+            .map(|c| (c.stream.id, c.lease_epoch))
+            .collect();
+        metadata.commit_takeover(epoch, &leases).await.unwrap();
+        (metadata, dir, ids, epoch)
+    }
+
+    /// A node joined and ready; its epoch.
+    async fn join(metadata: &dyn MetadataStore, name: &str) -> u64 {
+        let epoch = metadata.next_epoch().await.unwrap();
+        let url = format!("http://{name}");
+        metadata
+            .join_cluster(epoch, name, &url, 60_000)
+            .await
+            .unwrap();
+        assert!(metadata.renew_lease(epoch, 60_000, true).await.unwrap());
+        epoch
+    }
+
+    /// A WAL chunk with one record for each `(stream, seq_num)`.
+    fn chunk_of(entries: &[(u64, u64)]) -> Bytes {
+        let mut chunk = ChunkBuilder::with_capacity(0);
+        for (stream_id, seq_num) in entries {
+            let record = StoredRecord {
+                timestamp: *seq_num,
+                headers: vec![],
+                body: Bytes::from_static(b"a record"),
+            };
+            chunk.push(*stream_id, *seq_num, &[record]);
+        }
+        chunk.finish().0
+    }
+
+    fn compactor(
+        metadata: &Arc<dyn MetadataStore>,
+        objects: Arc<dyn ObjectStore>,
+        epoch: u64,
+        released: ReleasedChunks,
+    ) -> Compactor {
+        let state = CompactionState {
+            checkpoints: HashMap::new(),
+            logs: BTreeMap::new(),
+        };
+        let cache = Arc::new(ChunkCache::new(0));
+        Compactor::new(
+            metadata.clone(),
+            objects,
+            cache,
+            epoch,
+            released,
+            Duration::ZERO,
+            state,
+        )
+    }
+
+    fn live_stream(id: u64) -> Arc<StreamState> {
+        StreamState::new(
+            id,
+            crate::names::StreamName::new("live").unwrap(),
+            Default::default(),
+            None,
+            SequencerState::default(),
+            StreamPosition::default(),
+            Vec::new(),
+        )
+    }
+
     /// Node a hands its stream to node b, whose takeover has not committed yet: a's
     /// round over the chunk with the stream's records commits nothing, and that is a
     /// round with nothing done (no error, nothing uncertain to relearn), not a failure.
     /// Once b has taken the stream up, the same chunk is compacted away.
     #[tokio::test]
     async fn a_round_waits_for_a_handed_over_stream_to_be_taken_up() {
-        use crate::storage::memory::MemoryObjectStore;
-        use crate::storage::metadata::create_basin_and_stream;
-        use crate::storage::sql::SqlMetadataStore;
-
-        let (store, _dir) = SqlMetadataStore::temporary().await;
-        let metadata: Arc<dyn MetadataStore> = Arc::new(store);
-        let now = OffsetDateTime::now_utc();
-        let stream = create_basin_and_stream(&*metadata, "hand-over", "s", now).await;
-        let minute = 60_000;
-        let a = metadata.next_epoch().await.unwrap();
-        let b = metadata.next_epoch().await.unwrap();
-        for (epoch, name) in [(a, "node-a"), (b, "node-b")] {
-            metadata
-                .join_cluster(epoch, name, &format!("http://{name}"), minute)
-                .await
-                .unwrap();
-            assert!(metadata.renew_lease(epoch, minute, true).await.unwrap());
-        }
-        let claimed = metadata.claim_streams(a, &[stream.id]).await.unwrap();
-        metadata
-            .commit_takeover(a, &[(stream.id, claimed[0].lease_epoch)])
-            .await
-            .unwrap();
-
+        let (metadata, _dir, ids, a) = node_with_streams(&["handed-over"]).await;
+        let stream = ids[0];
+        let b = join(&*metadata, "node-b").await;
         // a's log: one released chunk holding the stream's first record.
         let objects = Arc::new(MemoryObjectStore::default());
-        let mut chunk = ChunkBuilder::with_capacity(0);
-        let record = StoredRecord {
-            timestamp: 1,
-            headers: vec![],
-            body: Bytes::from_static(b"handed over"),
-        };
-        chunk.push(stream.id, 0, &[record]);
         objects
-            .put(&chunk_key(a, 0), chunk.finish().0)
+            .put(&chunk_key(a, 0), chunk_of(&[(stream, 0)]))
             .await
             .unwrap();
-        let (_release, released) = watch::channel(1);
-        let state = CompactionState {
-            checkpoints: HashMap::new(),
-            logs: BTreeMap::new(),
-        };
-        let compactor = Compactor::new(
-            metadata.clone(),
-            objects,
-            Arc::new(ChunkCache::new(0)),
-            a,
-            released,
-            Duration::ZERO,
-            state,
-        );
+        let (release, released) = crate::wal::released::channel();
+        release.release(vec![stream]);
+        let compactor = compactor(&metadata, objects, a, released);
         assert_eq!(
             metadata
-                .release_streams(a, &[stream.id], Some(b))
+                .release_streams(a, &[stream], Some(b))
                 .await
                 .unwrap(),
             1
@@ -631,14 +721,57 @@ mod tests {
         assert!(compactor.waiting_for_hand_over.lock().is_some());
         assert_eq!(metadata.wal_watermarks().await.unwrap().get(&a), None);
 
-        let handed = metadata.claim_streams(b, &[stream.id]).await.unwrap();
+        let handed = metadata.claim_streams(b, &[stream]).await.unwrap();
         metadata
-            .commit_takeover(b, &[(stream.id, handed[0].lease_epoch)])
+            .commit_takeover(b, &[(stream, handed[0].lease_epoch)])
             .await
             .unwrap();
         let round = compactor.run_round(served_by_a).await.unwrap();
         assert_eq!((round.chunks, round.segments), (1, 0));
         assert!(compactor.waiting_for_hand_over.lock().is_none());
         assert_eq!(metadata.wal_watermarks().await.unwrap().get(&a), Some(&1));
+    }
+
+    /// A chunk that holds only a deleted stream's records is taken without being read
+    /// (it is not even in the store here: reading it would fail the round); a chunk
+    /// that holds a live stream's records too is read, and those records compacted.
+    #[tokio::test]
+    async fn a_chunk_whose_streams_are_all_gone_is_taken_without_being_read() {
+        let (metadata, _dir, ids, a) = node_with_streams(&["deleted", "live"]).await;
+        let (deleted, live) = (ids[0], ids[1]);
+        metadata
+            .mark_stream_deleted(deleted, OffsetDateTime::now_utc())
+            .await
+            .unwrap();
+        let objects = Arc::new(MemoryObjectStore::default());
+        let (release, released) = crate::wal::released::channel();
+        // Chunk 0, the deleted stream's alone, never reaches the store.
+        release.release(vec![deleted]);
+        objects
+            .put(&chunk_key(a, 1), chunk_of(&[(live, 0)]))
+            .await
+            .unwrap();
+        release.release(vec![live]);
+        let both = chunk_of(&[(deleted, 1), (live, 1)]);
+        objects.put(&chunk_key(a, 2), both).await.unwrap();
+        release.release(vec![deleted, live]);
+        let compactor = compactor(&metadata, objects, a, released);
+        let live_streams = HashMap::from([(live, live_stream(live))]);
+
+        let round = compactor.run_round(|| live_streams.clone()).await.unwrap();
+        assert_eq!((round.chunks, round.segments), (3, 1));
+        assert_eq!(metadata.wal_watermarks().await.unwrap().get(&a), Some(&3));
+        let checkpoints = metadata.stream_checkpoints().await.unwrap();
+        assert_eq!(
+            checkpoints[&live].next_seq, 2,
+            "both of its records are in a segment"
+        );
+        assert_eq!(
+            compactor.released.streams_of(2).as_deref(),
+            Some(&[deleted, live][..])
+        );
+        // The next round forgets what it no longer needs.
+        compactor.run_round(|| live_streams.clone()).await.unwrap();
+        assert_eq!(compactor.released.streams_of(2), None);
     }
 }

@@ -14,6 +14,7 @@
 //! look at them (no batch location points there).
 
 pub(crate) mod recovery;
+pub(crate) mod released;
 pub(crate) mod writer;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};

@@ -31,6 +31,7 @@ use crate::membership::LeaseState;
 use crate::record::AppendAck;
 use crate::storage::ObjectStore;
 use crate::stream::SequencedBatch;
+use crate::wal::released::{self, ChunkRelease, ReleasedChunks};
 use crate::wal::{chunk_key, ChunkBuilder, EntryKind, EntrySpan};
 
 /// How many chunk files the writer keeps prepared ahead of the next chunk, and the level
@@ -137,9 +138,9 @@ pub(crate) struct WalWriter {
     /// Chunks below this number are prepared or being prepared.
     prepared_until: u64,
     preparing: Option<JoinHandle<()>>,
-    /// How many chunks of this epoch are released (all durable, in order): compaction
-    /// may take those.
-    released: watch::Sender<u64>,
+    /// The chunks of this epoch released so far (all durable, in order): compaction may
+    /// take those.
+    released: ChunkRelease,
     health: WalHealth,
     /// Whether this node's leases hold: chunks are released only while they do.
     lease: watch::Receiver<LeaseState>,
@@ -156,7 +157,7 @@ pub(crate) struct WalWriter {
 pub(crate) struct WalWriterHandle {
     pub appends: mpsc::Sender<PendingAppend>,
     pub task: JoinHandle<()>,
-    pub released: watch::Receiver<u64>,
+    pub released: ReleasedChunks,
 }
 
 /// A chunk being written, and the appends waiting for it.
@@ -175,7 +176,7 @@ impl WalWriter {
         lease: watch::Receiver<LeaseState>,
     ) -> WalWriterHandle {
         let (tx, rx) = mpsc::channel(1024);
-        let (released, released_rx) = watch::channel(0);
+        let (released, released_rx) = released::channel();
         let writer = WalWriter {
             store,
             cache,
@@ -453,7 +454,13 @@ impl WalWriter {
         }
         // Only now may compaction take the chunk: its batches are where readers
         // look, so compaction's hand-over to segments replaces them.
-        self.released.send_modify(|released| *released += 1);
+        self.released.release(
+            flight
+                .appends
+                .iter()
+                .map(|append| append.batch.stream.id)
+                .collect(),
+        );
         self.released_several = flight.appends.len() > 1;
         // Acknowledgements before followers: a stream with thousands of followers wakes
         // thousands of tasks, and the appender's own task would wait behind them all.
