@@ -70,6 +70,10 @@ run_bench() {
     if [ "$1" = 100 ]; then
       grep -oE "^Catchup: [0-9.]+" "$work/out" | awk '{print $2}' >"$work/$name.catchup"
       [ -s "$work/$name.catchup" ] || fail "no catch-up rate on $name"
+      # How much it read back: a server that fell behind the 100 MiB/s wrote less.
+      grep -oE "^Catchup: .*\([0-9]+ bytes" "$work/out" | grep -oE "[0-9]+ bytes" | awk '{print $1}' \
+        >"$work/$name.volume"
+      [ -s "$work/$name.volume" ] || fail "no catch-up volume on $name"
       catchup_cpu "$name"
     fi
   done
@@ -110,4 +114,11 @@ echo "disk, O_DIRECT sequential read (dd bs=8M): $disk_mibps MiB/s"
 awk -v sg="$sg" -v lite="$lite" -v disk="$disk_mibps" 'BEGIN {
   printf "streamgate %.1f MiB/s, s2-lite %.1f MiB/s: %.2fx s2-lite, %.0f%% of the disk\n",
     sg, lite, sg / lite, 100 * sg / disk }'
+awk -v sg="$(cat "$work/streamgate.volume")" -v lite="$(cat "$work/s2-lite.volume")" 'BEGIN {
+  printf "read back: streamgate %.2f GB, s2-lite %.2f GB", sg / 1e9, lite / 1e9
+  if (sg > lite * 1.01 || lite > sg * 1.01)
+    print " (not equal: a server fell behind the 100 MiB/s, so the ratio compares unequal reads)"
+  else
+    print " (equal volume)"
+}'
 cat "$work/streamgate.cpu" "$work/s2-lite.cpu"
