@@ -304,6 +304,7 @@ impl Compactor {
             // still has records in this node's log, which the new owner reads when it
             // takes the stream up. That takes a moment; a later round goes through.
             self.uncertain.store(false, Ordering::SeqCst);
+            self.remove_unindexed(&segments).await;
             let since = *self
                 .waiting_for_hand_over
                 .lock()
@@ -373,6 +374,37 @@ impl Compactor {
             tracing::debug!(?stats, "compacted WAL chunks into segments");
         }
         Ok(stats)
+    }
+
+    /// Removes the segments of a round whose commit was refused. No index row names
+    /// them, so no reader can know of them; left there, nothing would ever delete them
+    /// once their streams have moved to another node (a later round of this node from
+    /// the same position would overwrite them, but for a moved stream none comes).
+    /// Still under the round's lock, so that no later round rewrites one meanwhile. A
+    /// segment that cannot be removed now stays, as before: logged, not retried.
+    async fn remove_unindexed(&self, segments: &[(SegmentRecord, Bytes)]) {
+        let keys: Vec<String> = segments
+            .iter()
+            .map(|(record, _)| record.key.clone())
+            .collect();
+        let removed = stream::iter(keys)
+            .map(|key| async move {
+                let removed = self.objects.delete(&key).await;
+                if let Err(err) = &removed {
+                    tracing::warn!(%key, error = %err, "could not remove a segment of a refused compaction round; it stays in the object store unused");
+                }
+                removed.is_ok()
+            })
+            .buffer_unordered(PARALLEL_REQUESTS)
+            .filter(|removed| std::future::ready(*removed))
+            .count()
+            .await;
+        if removed > 0 {
+            tracing::debug!(
+                removed,
+                "removed the segments of a refused compaction round"
+            );
+        }
     }
 
     /// Holds compaction still (no round runs meanwhile) and gives its state, for a
@@ -687,49 +719,66 @@ mod tests {
         )
     }
 
-    /// Node a hands its stream to node b, whose takeover has not committed yet: a's
-    /// round over the chunk with the stream's records commits nothing, and that is a
-    /// round with nothing done (no error, nothing uncertain to relearn), not a failure.
-    /// Once b has taken the stream up, the same chunk is compacted away.
+    /// Node a hands one of its two streams to node b, whose takeover has not committed
+    /// yet: a's round over the chunk with both streams' records commits nothing, and
+    /// that is a round with nothing done (no error, nothing uncertain to relearn), not a
+    /// failure; the segment it wrote for the stream it keeps, indexed nowhere, is
+    /// removed. Once b has taken the stream up, the same chunk is compacted away.
     #[tokio::test]
     async fn a_round_waits_for_a_handed_over_stream_to_be_taken_up() {
-        let (metadata, _dir, ids, a) = node_with_streams(&["handed-over"]).await;
-        let stream = ids[0];
+        let (metadata, _dir, ids, a) = node_with_streams(&["handed-over", "kept"]).await;
+        let (handed, kept) = (ids[0], ids[1]);
         let b = join(&*metadata, "node-b").await;
-        // a's log: one released chunk holding the stream's first record.
+        // a's log: one released chunk holding the first record of each stream.
         let objects = Arc::new(MemoryObjectStore::default());
         objects
-            .put(&chunk_key(a, 0), chunk_of(&[(stream, 0)]))
+            .put(&chunk_key(a, 0), chunk_of(&[(handed, 0), (kept, 0)]))
             .await
             .unwrap();
         let (release, released) = crate::wal::released::channel();
-        release.release(vec![stream]);
-        let compactor = compactor(&metadata, objects, a, released);
+        release.release(vec![handed, kept]);
+        let compactor = compactor(&metadata, objects.clone(), a, released);
         assert_eq!(
             metadata
-                .release_streams(a, &[stream], Some(b))
+                .release_streams(a, &[handed], Some(b))
                 .await
                 .unwrap(),
             1
         );
-        // a serves the stream no more.
-        let served_by_a = HashMap::new;
+        // a serves the handed-over stream no more.
+        let served_by_a = HashMap::from([(kept, live_stream(kept))]);
+        let kept_prefix = crate::segment::segment_prefix(kept);
+        let kept_segments = || objects.list(&kept_prefix);
 
-        let round = compactor.run_round(served_by_a).await.unwrap();
+        let round = compactor.run_round(|| served_by_a.clone()).await.unwrap();
         assert_eq!(round, CompactionStats::default());
         assert!(!compactor.is_uncertain(), "the store's answer was certain");
         assert!(compactor.waiting_for_hand_over.lock().is_some());
         assert_eq!(metadata.wal_watermarks().await.unwrap().get(&a), None);
+        assert_eq!(
+            kept_segments().await.unwrap(),
+            Vec::<String>::new(),
+            "the refused round's segment is removed"
+        );
 
-        let handed = metadata.claim_streams(b, &[stream]).await.unwrap();
+        let taken = metadata.claim_streams(b, &[handed]).await.unwrap();
         metadata
-            .commit_takeover(b, &[(stream, handed[0].lease_epoch)])
+            .commit_takeover(b, &[(handed, taken[0].lease_epoch)])
             .await
             .unwrap();
-        let round = compactor.run_round(served_by_a).await.unwrap();
-        assert_eq!((round.chunks, round.segments), (1, 0));
+        let round = compactor.run_round(|| served_by_a.clone()).await.unwrap();
+        assert_eq!((round.chunks, round.segments), (1, 1));
         assert!(compactor.waiting_for_hand_over.lock().is_none());
         assert_eq!(metadata.wal_watermarks().await.unwrap().get(&a), Some(&1));
+        assert_eq!(
+            kept_segments().await.unwrap(),
+            [segment_key(kept, 0, a)],
+            "the round that commits writes the kept stream's segment again"
+        );
+        assert_eq!(
+            metadata.stream_checkpoints().await.unwrap()[&kept].next_seq,
+            1
+        );
     }
 
     /// A chunk that holds only a deleted stream's records is taken without being read
