@@ -557,9 +557,9 @@ pub async fn read_stream(endpoint: &str, basin: &str, stream: &str) -> Vec<serde
     }
 }
 
-/// A minimal protobuf writer for `s2.v1.AppendInput`, written from the spec's field
-/// numbers, so tests and benchmarks check the server against the wire format rather
-/// than against the server's own types.
+/// A minimal protobuf writer for `s2.v1.AppendInput` and reader for the messages that
+/// answer it, written from the spec's field numbers, so tests and benchmarks check the
+/// server against the wire format rather than against the server's own types.
 pub mod wire {
     fn varint(mut v: u64, out: &mut Vec<u8>) {
         while v >= 0x80 {
@@ -618,27 +618,72 @@ pub mod wire {
         let (mut start, mut end) = (0, 0);
         let mut pos = 0;
         while pos < ack.len() {
-            let key = read_varint(ack, &mut pos);
-            let len = read_varint(ack, &mut pos) as usize;
-            let position = &ack[pos..pos + len];
-            pos += len;
-            // StreamPosition { seq_num = 1 (varint), timestamp = 2 }
+            // AppendAck { start = 1, end = 2, .. }, each a StreamPosition { seq_num = 1 }
+            let (field, Some(FieldValue::Bytes(position))) = next_field(ack, &mut pos) else {
+                continue;
+            };
             let mut p = 0;
             let mut seq_num = 0;
             while p < position.len() {
-                let field = read_varint(position, &mut p);
-                let value = read_varint(position, &mut p);
-                if field >> 3 == 1 {
+                if let (1, Some(FieldValue::Varint(value))) = next_field(position, &mut p) {
                     seq_num = value;
                 }
             }
-            match key >> 3 {
+            match field {
                 1 => start = seq_num,
                 2 => end = seq_num,
                 _ => {}
             }
         }
         (start, end)
+    }
+
+    /// One field of a protobuf message at `pos`, advancing past it: its number, and its
+    /// value as a varint or as the bytes of a length-delimited field (`None` for the
+    /// fixed-width types, which the messages read here do not use).
+    fn next_field<'a>(message: &'a [u8], pos: &mut usize) -> (u64, Option<FieldValue<'a>>) {
+        let key = read_varint(message, pos);
+        let value = match key & 7 {
+            0 => Some(FieldValue::Varint(read_varint(message, pos))),
+            2 => {
+                let len = read_varint(message, pos) as usize;
+                *pos += len;
+                Some(FieldValue::Bytes(&message[*pos - len..*pos]))
+            }
+            1 => {
+                *pos += 8;
+                None
+            }
+            _ => {
+                *pos += 4;
+                None
+            }
+        };
+        (key >> 3, value)
+    }
+
+    enum FieldValue<'a> {
+        Varint(u64),
+        Bytes(&'a [u8]),
+    }
+
+    /// The bodies of the records of an uncompressed `ReadBatch` (empty for a heartbeat).
+    pub fn read_batch_bodies(batch: &[u8]) -> Vec<&[u8]> {
+        let mut bodies = Vec::new();
+        let mut pos = 0;
+        while pos < batch.len() {
+            // ReadBatch { records = 1: SequencedRecord { body = 4 }, tail = 2 }
+            let (1, Some(FieldValue::Bytes(record))) = next_field(batch, &mut pos) else {
+                continue;
+            };
+            let mut p = 0;
+            while p < record.len() {
+                if let (4, Some(FieldValue::Bytes(body))) = next_field(record, &mut p) {
+                    bodies.push(body);
+                }
+            }
+        }
+        bodies
     }
 
     /// `AppendInput { records: [AppendRecord { body }] }`, one record per body.

@@ -296,10 +296,27 @@ async fn sigterm_acknowledges_accepted_inputs_then_ends_append_sessions_with_ser
     );
 
     // Both read sessions were ended by the drain with `server_draining`.
+    // Before that, it delivered acknowledged inputs in order, from the first.
     let mut s2s_frames = s2s_read.await.unwrap();
     let mut last = None;
+    let mut delivered: Vec<String> = Vec::new();
     while let Some(frame) = wire::take_s2s_frame(&mut s2s_frames) {
+        if frame.0 == 0 {
+            delivered.extend(
+                wire::read_batch_bodies(&frame.1)
+                    .into_iter()
+                    .map(|body| String::from_utf8_lossy(body).into_owned()),
+            );
+        }
         last = Some(frame);
+    }
+    assert!(
+        !delivered.is_empty(),
+        "the S2S read session followed the appends"
+    );
+    assert!(delivered.len() as u64 <= acked_end);
+    for (i, body) in delivered.iter().enumerate() {
+        assert_eq!(body, &format!("input-{i}"), "delivered in order");
     }
     let (flags, body) = last.expect("the S2S read session sent frames");
     assert_ne!(

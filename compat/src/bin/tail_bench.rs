@@ -12,14 +12,21 @@
 //! acknowledgement, so a server that acknowledges faster is offered more records. With
 //! `--rate N` it sends N records a second on a clock, whatever the acknowledgements do,
 //! so that builds are compared at the same offered load.
+//!
+//! The readers share the machine with the server, so what they cost shows in its
+//! latencies. `--readers-client lean` opens the same S2S read sessions with a plain
+//! HTTP/2 client (hyper, through reqwest) that only splits the frames and takes each
+//! record's body out of its `ReadBatch`, with as many sessions per connection as the
+//! SDK puts on one; the official SDK's sessions (the default) do much more per record.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use clap::Parser;
-use futures::StreamExt;
+use clap::{Parser, ValueEnum};
+use futures::{Stream, StreamExt};
 use s2_sdk::types::*;
-use streamgate_compat::{cpu_secs, rss_kib, sdk_client, Server};
+use streamgate_compat::{client_builder, cpu_secs, rss_kib, sdk_client, wire, Server};
 use tokio::sync::Mutex;
 
 #[derive(Parser)]
@@ -34,8 +41,92 @@ struct Args {
     /// before); without it, each record is sent 10 ms after the previous one's ack.
     #[arg(long, value_parser = parse_rate)]
     rate: Option<f64>,
+    /// Which client the readers are: the official SDK's read sessions, or lean ones
+    /// that cost the machine less per record (see above).
+    #[arg(long, value_enum, default_value_t = ReadersClient::Sdk)]
+    readers_client: ReadersClient,
     #[arg(long, default_value = "target/tail-bench-data")]
     data_dir: std::path::PathBuf,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ReadersClient {
+    Sdk,
+    Lean,
+}
+
+/// Read sessions per HTTP/2 connection for the lean readers: as many as the SDK puts on
+/// one (10,000 sessions arrive over 112 connections), so that the server's side of the
+/// comparison is the same.
+const LEAN_SESSIONS_PER_CONNECTION: usize = 90;
+
+/// What a reader hands on for each batch it receives: the send times its records carry.
+type Follower = Pin<Box<dyn Stream<Item = Vec<u64>> + Send>>;
+
+/// Send time carried by the first 8 bytes of a record's body.
+fn send_time(body: &[u8]) -> u64 {
+    u64::from_be_bytes(
+        body[..8]
+            .try_into()
+            .expect("a record carries its send time"),
+    )
+}
+
+/// A read session of the official SDK, from the stream's first record.
+async fn sdk_follower(stream: &s2_sdk::S2Stream) -> Follower {
+    let input = ReadInput::new().with_start(ReadStart::new().with_from(ReadFrom::SeqNum(0)));
+    let session = stream
+        .read_session(input, ReadSessionConfig::new())
+        .await
+        .unwrap();
+    Box::pin(futures::stream::unfold(session, |mut session| async move {
+        let batch = session.next().await?.ok()?;
+        let sent = batch.records.iter().map(|r| send_time(&r.body)).collect();
+        Some((sent, session))
+    }))
+}
+
+/// A lean read session (see above) on `client`'s connection, from the first record.
+async fn lean_follower(
+    client: &reqwest::Client,
+    endpoint: &str,
+    basin: &str,
+    stream: &str,
+) -> Follower {
+    let response = client
+        .get(format!("{endpoint}/v1/streams/{stream}/records?seq_num=0"))
+        .header("s2-basin", basin)
+        .header("accept", "s2s/proto")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response.status().is_success(),
+        "a read session was refused: {}",
+        response.status()
+    );
+    let frames = response.bytes_stream();
+    Box::pin(futures::stream::unfold(
+        (frames, Vec::new()),
+        |(mut frames, mut buffer)| async move {
+            loop {
+                if let Some((flags, message)) = wire::take_s2s_frame(&mut buffer) {
+                    assert_eq!(
+                        flags,
+                        0,
+                        "a frame that ends the session, or is compressed: {}",
+                        String::from_utf8_lossy(&message)
+                    );
+                    let sent = wire::read_batch_bodies(&message)
+                        .into_iter()
+                        .map(send_time)
+                        .collect();
+                    return Some((sent, (frames, buffer)));
+                }
+                buffer.extend_from_slice(&frames.next().await?.ok()?);
+            }
+        },
+    ))
 }
 
 fn now_micros() -> u64 {
@@ -113,6 +204,7 @@ async fn main() {
         .unwrap();
     let basin = s2.basin(basin_name.clone());
 
+    let mut failed_rounds = 0;
     for (round, &readers) in args.readers.iter().enumerate() {
         let name: StreamName = format!("followed-{round}").parse().unwrap();
         basin
@@ -123,15 +215,26 @@ async fn main() {
         let rss_before = rss_kib(pid);
         let latencies = Arc::new(Mutex::new(Vec::with_capacity(readers * args.records)));
         let mut sessions = Vec::new();
-        for _ in 0..readers {
-            let input =
-                ReadInput::new().with_start(ReadStart::new().with_from(ReadFrom::SeqNum(0)));
-            sessions.push(
-                stream
-                    .read_session(input, ReadSessionConfig::new())
-                    .await
-                    .unwrap(),
-            );
+        let mut lean_client = None;
+        for i in 0..readers {
+            sessions.push(match args.readers_client {
+                ReadersClient::Sdk => sdk_follower(&stream).await,
+                ReadersClient::Lean => {
+                    // reqwest keeps one HTTP/2 connection per client and puts every
+                    // request on it: a client for each connection's share.
+                    if i % LEAN_SESSIONS_PER_CONNECTION == 0 {
+                        lean_client = Some(
+                            client_builder()
+                                .http2_prior_knowledge()
+                                .build()
+                                .expect("an HTTP/2 client"),
+                        );
+                    }
+                    let client = lean_client.as_ref().unwrap();
+                    lean_follower(client, &server.endpoint, basin_name.as_ref(), name.as_ref())
+                        .await
+                }
+            });
         }
         // Let every session reach the tail and go idle, then weigh the server.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -144,17 +247,15 @@ async fn main() {
                 let mut seen = 0;
                 let mut mine = Vec::with_capacity(expected);
                 while seen < expected {
-                    let Some(Ok(batch)) = session.next().await else {
+                    let Some(sent) = session.next().await else {
                         break;
                     };
                     let arrived = now_micros();
-                    for record in batch.records {
-                        let sent = u64::from_be_bytes(record.body[..8].try_into().unwrap());
-                        mine.push(arrived.saturating_sub(sent));
-                        seen += 1;
-                    }
+                    seen += sent.len();
+                    mine.extend(sent.into_iter().map(|sent| arrived.saturating_sub(sent)));
                 }
                 latencies.lock().await.extend(mine);
+                seen >= expected
             }));
         }
         let started = Instant::now();
@@ -178,8 +279,12 @@ async fn main() {
         let mut ack_latencies = tokio::task::spawn_blocking(move || writer.join().unwrap())
             .await
             .unwrap();
+        let mut ended_early = 0;
         for task in tasks {
-            let _ = tokio::time::timeout(Duration::from_secs(60), task).await;
+            let followed = tokio::time::timeout(Duration::from_secs(60), task).await;
+            if !matches!(followed, Ok(Ok(true))) {
+                ended_early += 1;
+            }
         }
         // Each process's CPU while the records were delivered, as a share of one core:
         // the load generator's shows whether it, not the server, set the pace.
@@ -190,7 +295,8 @@ async fn main() {
         delivered.sort_unstable();
         ack_latencies.sort_unstable();
         println!(
-            "{readers} tailing readers{}: append ack p50 {:.2} ms; delivery after append p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms ({} deliveries in {:.1} s); server RSS {} MiB -> {} MiB idle = {:.1} KiB per idle reader; CPU while delivering: server {:.0}%, load generator {:.0}% of one core ({} cores)",
+            "{readers} tailing readers{}{}: append ack p50 {:.2} ms; delivery after append p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms ({} deliveries in {:.1} s); server RSS {} MiB -> {} MiB idle = {:.1} KiB per idle reader; CPU while delivering: server {:.0}%, load generator {:.0}% of one core ({} cores)",
+            if args.readers_client == ReadersClient::Lean { " (lean clients)" } else { "" },
             args.rate.map_or(String::new(), |rate| format!(", {rate} records/s on a clock")),
             percentile(&ack_latencies, 0.5),
             percentile(&delivered, 0.5),
@@ -205,7 +311,17 @@ async fn main() {
             generator_cpu,
             std::thread::available_parallelism().map_or(1, |n| n.get()),
         );
+        if ended_early > 0 {
+            println!(
+                "  {ended_early} of the {readers} readers ended or stalled before the last record"
+            );
+            failed_rounds += 1;
+        }
     }
     drop(server);
     let _ = std::fs::remove_dir_all(&args.data_dir);
+    if failed_rounds > 0 {
+        eprintln!("tail_bench: in {failed_rounds} of the rounds above, readers ended (or stalled) before every record reached them; their figures leave those readers out");
+        std::process::exit(1);
+    }
 }
