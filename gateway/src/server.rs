@@ -9,7 +9,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::coalesce::CoalescedWrites;
+use crate::coalesce::{CoalescedWrites, ConnectionFollowers};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -137,7 +137,8 @@ async fn handshake_then_serve(
     watcher: hyper_util::server::graceful::Watcher,
     slot: ConnectionSlot,
 ) {
-    let service = service_for(&app, peer);
+    let followers = ConnectionFollowers::default();
+    let service = service_for(&app, peer, followers.clone());
     match tls {
         None => {
             if !speaks_within_deadline(&socket).await {
@@ -145,7 +146,7 @@ async fn handshake_then_serve(
                 return;
             }
             let connection = builder.serve_connection_with_upgrades(
-                TokioIo::new(CoalescedWrites::new(socket)),
+                TokioIo::new(CoalescedWrites::new(socket, followers)),
                 service,
             );
             spawn_connection(watcher.watch(connection.into_owned()), slot);
@@ -153,7 +154,7 @@ async fn handshake_then_serve(
         Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(socket)).await {
             Ok(Ok(stream)) => {
                 let connection = builder.serve_connection_with_upgrades(
-                    TokioIo::new(CoalescedWrites::new(stream)),
+                    TokioIo::new(CoalescedWrites::new(stream, followers)),
                     service,
                 );
                 spawn_connection(watcher.watch(connection.into_owned()), slot);
@@ -167,10 +168,12 @@ async fn handshake_then_serve(
     }
 }
 
-/// The app for one connection: every request carries the client's address.
+/// The app for one connection: every request carries the client's address, and the
+/// count of read sessions open on the connection.
 fn service_for(
     app: &Router,
     peer: SocketAddr,
+    followers: ConnectionFollowers,
 ) -> TowerToHyperService<
     tower::util::MapRequest<
         Router,
@@ -182,6 +185,7 @@ fn service_for(
 > {
     let with_address = move |mut request: axum::http::Request<hyper::body::Incoming>| {
         request.extensions_mut().insert(ClientAddress(peer));
+        request.extensions_mut().insert(followers.clone());
         request
     };
     TowerToHyperService::new(tower::util::MapRequest::new(app.clone(), with_address))

@@ -20,6 +20,7 @@ use super::json::{self, AppendInputJson, Format};
 use super::proto;
 use super::sessions::read::{ResumeFrom, S2sEncoder, SessionBounds, SseEncoder};
 use super::sessions::{self, append::AppendSession, frame::Compression, Drain};
+use crate::coalesce::ConnectionFollowers;
 
 fn is_protobuf(media_type: &str) -> bool {
     let essence = media_type.split(';').next().unwrap_or_default().trim();
@@ -156,6 +157,7 @@ pub async fn read(
     Basin(basin): Basin,
     StreamPath(stream): StreamPath,
     ApiQuery(query): ApiQuery<ReadQuery>,
+    followers: Option<Extension<ConnectionFollowers>>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let format = Format::from_headers(&headers)?;
@@ -207,18 +209,20 @@ pub async fn read(
     if !exhausted && !bounds.waits() {
         reader.refuse_at_tail()?;
     }
+    let session = (basin, stream, reader);
+    let counted = followers.map(|Extension(followers)| followers.enter());
     Ok(if s2s {
         let encoder = S2sEncoder {
             compression: Compression::negotiate(&headers),
         };
-        sessions::read::respond(caller, (basin, stream, reader), bounds, encoder, drain)
+        sessions::read::respond(caller, session, bounds, encoder, drain, counted)
     } else {
         let encoder = SseEncoder {
             format,
             delivered_count: resume.map_or(0, |r| r.count),
             delivered_bytes: resume.map_or(0, |r| r.bytes),
         };
-        sessions::read::respond(caller, (basin, stream, reader), bounds, encoder, drain)
+        sessions::read::respond(caller, session, bounds, encoder, drain, counted)
     })
 }
 
