@@ -74,6 +74,11 @@ pub(crate) struct Compactor {
     /// A commit failed without an answer (a connection cut mid-commit): it may have
     /// landed, so the next round first learns from the store how far compaction got.
     uncertain: AtomicBool,
+    /// Some commit of this node failed without an answer. Its transaction may land
+    /// even after the store was asked how far compaction got, naming segments that a
+    /// later round from the same position writes again under the same keys; so from
+    /// then on a refused round's segments are left in place, never removed.
+    had_unknown_outcome: AtomicBool,
     /// Merges small segments after each round; `None` when merging is off.
     merger: Option<Mutex<SegmentMerger>>,
     /// Since when commits have been refused because a stream this node handed to
@@ -123,6 +128,7 @@ impl Compactor {
             obsolete_grace,
             state: Mutex::new(state),
             uncertain: AtomicBool::new(false),
+            had_unknown_outcome: AtomicBool::new(false),
             merger: None,
             waiting_for_hand_over: parking_lot::Mutex::new(None),
         }
@@ -304,7 +310,9 @@ impl Compactor {
             // still has records in this node's log, which the new owner reads when it
             // takes the stream up. That takes a moment; a later round goes through.
             self.uncertain.store(false, Ordering::SeqCst);
-            self.remove_unindexed(&segments).await;
+            if !self.had_unknown_outcome.load(Ordering::SeqCst) {
+                self.remove_unindexed(&segments).await;
+            }
             let since = *self
                 .waiting_for_hand_over
                 .lock()
@@ -323,6 +331,7 @@ impl Compactor {
             return Ok(CompactionStats::default());
         }
         if let Err(err) = committed {
+            self.had_unknown_outcome.store(true, Ordering::SeqCst);
             if self.relearn(&mut state, live).await.is_ok() {
                 tracing::warn!(error = %err, "a compaction commit failed; learned from the metadata store whether it landed");
             }
@@ -376,8 +385,9 @@ impl Compactor {
         Ok(stats)
     }
 
-    /// Removes the segments of a round whose commit was refused. No index row names
-    /// them, so no reader can know of them; left there, nothing would ever delete them
+    /// Removes the segments of a round whose commit was refused (and whose keys no
+    /// commit of unknown outcome may name: see `had_unknown_outcome`). No index row
+    /// names them, so no reader can know of them; left there, nothing would ever delete them
     /// once their streams have moved to another node (a later round of this node from
     /// the same position would overwrite them, but for a moved stream none comes).
     /// Still under the round's lock, so that no later round rewrites one meanwhile. A
@@ -723,7 +733,8 @@ mod tests {
     /// yet: a's round over the chunk with both streams' records commits nothing, and
     /// that is a round with nothing done (no error, nothing uncertain to relearn), not a
     /// failure; the segment it wrote for the stream it keeps, indexed nowhere, is
-    /// removed. Once b has taken the stream up, the same chunk is compacted away.
+    /// removed, unless a commit of a's had an unknown outcome. Once b has taken the
+    /// stream up, the same chunk is compacted away.
     #[tokio::test]
     async fn a_round_waits_for_a_handed_over_stream_to_be_taken_up() {
         let (metadata, _dir, ids, a) = node_with_streams(&["handed-over", "kept"]).await;
@@ -749,6 +760,18 @@ mod tests {
         let served_by_a = HashMap::from([(kept, live_stream(kept))]);
         let kept_prefix = crate::segment::segment_prefix(kept);
         let kept_segments = || objects.list(&kept_prefix);
+
+        // After a commit of unknown outcome the same refusal leaves the segment: that
+        // commit may yet land and name it.
+        compactor.had_unknown_outcome.store(true, Ordering::SeqCst);
+        let round = compactor.run_round(|| served_by_a.clone()).await.unwrap();
+        assert_eq!(round, CompactionStats::default());
+        assert_eq!(
+            kept_segments().await.unwrap(),
+            [segment_key(kept, 0, a)],
+            "kept after a commit of unknown outcome"
+        );
+        compactor.had_unknown_outcome.store(false, Ordering::SeqCst);
 
         let round = compactor.run_round(|| served_by_a.clone()).await.unwrap();
         assert_eq!(round, CompactionStats::default());
