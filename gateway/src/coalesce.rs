@@ -117,7 +117,7 @@ impl<IO> CoalescedWrites<IO> {
             return true;
         }
         match self.waiting {
-            Waiting::No if self.followers.several() => {
+            Waiting::No if self.followers.several() && hold_release::available() => {
                 self.waiting = Waiting::Held(hold_release::hold(cx.waker()));
                 false
             }
@@ -140,7 +140,7 @@ impl<IO> CoalescedWrites<IO> {
 /// that were woken with the held connections' followers.
 mod hold_release {
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Condvar, LazyLock, Mutex, Once};
+    use std::sync::{Condvar, LazyLock, Mutex};
     use std::task::Waker;
     use std::time::Duration;
 
@@ -167,16 +167,24 @@ mod hold_release {
         HELD.releases.load(Ordering::Acquire)
     }
 
-    /// Holds a flush until the next release, which wakes `waker`; the release it is
-    /// held in.
-    pub fn hold(waker: &Waker) -> u64 {
-        static START: Once = Once::new();
-        START.call_once(|| {
-            std::thread::Builder::new()
+    /// Whether the release thread runs (started on first use). Without it (the
+    /// system refused a thread) flushes are never held: they yield, as before.
+    pub fn available() -> bool {
+        static STARTED: LazyLock<bool> = LazyLock::new(|| {
+            let started = std::thread::Builder::new()
                 .name("flush-release".into())
-                .spawn(release_held_flushes)
-                .expect("a thread for releasing held flushes");
+                .spawn(release_held_flushes);
+            if let Err(err) = &started {
+                tracing::warn!(error = %err, "no thread for releasing held flushes; connections with many read sessions write more often instead");
+            }
+            started.is_ok()
         });
+        *STARTED
+    }
+
+    /// Holds a flush until the next release, which wakes `waker`; the release it is
+    /// held in. Only once `available` said so.
+    pub fn hold(waker: &Waker) -> u64 {
         let mut wakers = HELD.wakers.lock().unwrap_or_else(|e| e.into_inner());
         wakers.push(waker.clone());
         if wakers.len() == 1 {
