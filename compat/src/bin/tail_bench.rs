@@ -42,9 +42,11 @@ struct Args {
     #[arg(long, value_parser = parse_rate)]
     rate: Option<f64>,
     /// Which client the readers are: the official SDK's read sessions, or lean ones
-    /// that cost the machine less per record (see above).
+    /// over plain HTTP/2 that only split the frames and read the records' bodies, so
+    /// the load generator takes less of the machine.
     #[arg(long, value_enum, default_value_t = ReadersClient::Sdk)]
     readers_client: ReadersClient,
+    /// Where the server under test keeps its data (emptied before and after).
     #[arg(long, default_value = "target/tail-bench-data")]
     data_dir: std::path::PathBuf,
 }
