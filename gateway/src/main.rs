@@ -266,11 +266,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }),
         },
     );
-    let app = api::router(engine.clone(), drain, pages, peer_tls);
-    let app = match cors.layer() {
-        Some(layer) => app.layer(layer),
-        None => app,
-    };
+    let app = api::app(engine.clone(), drain, pages, peer_tls, cors.layer());
     let draining = engine.clone();
     let fenced = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let fenced_flag = fenced.clone();

@@ -9,8 +9,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::api::App;
 use crate::coalesce::{CoalescedWrites, ConnectionFollowers};
-use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -52,7 +52,7 @@ fn spawn_connection<E: std::fmt::Display>(
 /// past it, a new connection is answered `503` and closed.
 pub async fn serve(
     listener: TcpListener,
-    app: Router,
+    app: App,
     tls: Option<TlsAcceptor>,
     connections: ConnectionSlots,
     shutdown: impl Future<Output = ()>,
@@ -133,7 +133,7 @@ async fn handshake_then_serve(
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     builder: auto::Builder<TokioExecutor>,
-    app: Router,
+    app: App,
     watcher: hyper_util::server::graceful::Watcher,
     slot: ConnectionSlot,
 ) {
@@ -171,12 +171,12 @@ async fn handshake_then_serve(
 /// The app for one connection: every request carries the client's address, and the
 /// count of read sessions open on the connection.
 fn service_for(
-    app: &Router,
+    app: &App,
     peer: SocketAddr,
     followers: ConnectionFollowers,
 ) -> TowerToHyperService<
     tower::util::MapRequest<
-        Router,
+        App,
         impl Fn(
                 axum::http::Request<hyper::body::Incoming>,
             ) -> axum::http::Request<hyper::body::Incoming>

@@ -21,17 +21,58 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use streamgate_core::storage::metadata::ListRange;
 use streamgate_core::Engine;
-use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
-use tower_http::compression::CompressionLayer;
-use tower_http::decompression::RequestDecompressionLayer;
+use tower_http::catch_panic::{CatchPanic, CatchPanicLayer};
+use tower_http::compression::predicate::{And, NotForContentType, Predicate, SizeAbove};
+use tower_http::compression::{Compression, CompressionLayer};
+use tower_http::cors::{Cors, CorsLayer};
+use tower_http::decompression::{RequestDecompression, RequestDecompressionLayer};
 
 use error::{ApiError, ApiResult};
 
-/// The whole HTTP surface: the REST API, OTLP, the operator endpoints, and `pages`
-/// (the dashboard), behind one set of layers. `peer_tls` is how calls to other nodes at
-/// `https://` URLs are made.
-pub fn router(
+/// The whole HTTP surface with the layers every request and response passes through:
+/// panics answered with a 500, request bodies decompressed, responses compressed.
+/// They wrap the router once, from outside: each `Router::layer` boxes the response
+/// body again, and a read session's every frame went through six boxes (a tenth of
+/// the server's CPU with 10,000 readers; BENCHMARKS.md, "Live readers").
+/// With CORS, its layer is the outermost (`--cors-origins`).
+pub type App = tower::util::Either<Cors<Layered>, Layered>;
+
+type Layered = CatchPanic<RequestDecompression<Compression<Router, CompressWhen>>, PanicResponse>;
+
+/// Compress responses over 1 KiB, never streaming ones.
+type CompressWhen = And<And<SizeAbove, NotForContentType>, NotForContentType>;
+
+type PanicResponse = fn(Box<dyn std::any::Any + Send>) -> Response;
+
+/// A panic in a handler answers its own request with a 500; the panic hook logs it.
+fn panic_response(_: Box<dyn std::any::Any + Send>) -> Response {
+    ApiError::internal("the server failed while handling this request (it is logged); retry")
+        .into_response()
+}
+
+/// The REST API, OTLP, the operator endpoints, and `pages` (the dashboard), in one
+/// `App`. `peer_tls` is how calls to other nodes at `https://` URLs are made.
+pub fn app(
+    engine: Engine,
+    drain: sessions::Drain,
+    pages: Router,
+    peer_tls: rustls::ClientConfig,
+    cors: Option<CorsLayer>,
+) -> App {
+    let router = router(engine, drain, pages, peer_tls);
+    let compress_when = SizeAbove::new(1024)
+        .and(NotForContentType::const_new("text/event-stream"))
+        .and(NotForContentType::const_new("s2s/proto"));
+    tower::ServiceBuilder::new()
+        .option_layer(cors)
+        .layer(CatchPanicLayer::custom(panic_response as PanicResponse))
+        .layer(RequestDecompressionLayer::new())
+        .layer(CompressionLayer::new().compress_when(compress_when))
+        .service(router)
+}
+
+/// Every route, behind the layers that need the router's own types.
+fn router(
     engine: Engine,
     drain: sessions::Drain,
     pages: Router,
@@ -41,10 +82,6 @@ pub fn router(
     // OTLP make at the nodes that sequence other streams.
     let peers = forward::PeerClient::new(&engine, peer_tls);
     engine.set_remote(std::sync::Arc::new(peers::RestPeers::new(peers.clone())));
-    // Compress responses over 1 KiB, never streaming ones.
-    let compress_when = SizeAbove::new(1024)
-        .and(NotForContentType::const_new("text/event-stream"))
-        .and(NotForContentType::const_new("s2s/proto"));
     // Record routes go through forwarding: served here, or by the stream's owner.
     let records = Router::new()
         .route(
@@ -115,17 +152,6 @@ pub fn router(
         ))
         .layer(axum::Extension(drain))
         .layer(axum::Extension(forward::Forwarder::new(peers.clone())))
-        .layer(CompressionLayer::new().compress_when(compress_when))
-        .layer(RequestDecompressionLayer::new())
-        // A panic in a handler answers its own request with a 500; the panic hook logs it.
-        .layer(CatchPanicLayer::custom(
-            |_: Box<dyn std::any::Any + Send>| {
-                ApiError::internal(
-                    "the server failed while handling this request (it is logged); retry",
-                )
-                .into_response()
-            },
-        ))
 }
 
 /// Readiness: `200` while the server takes traffic; `503` with the reason while it
