@@ -4,6 +4,9 @@
 //! calling the engine only through here.
 
 use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
 
 use crate::access::{AccessTokenInfo, Operation, Principal, ResourceSet, Target};
 use crate::appender::PendingAck;
@@ -39,6 +42,30 @@ pub struct Caller {
     encryption_key: Option<EncryptionKey>,
     /// The client connection the request came on, for the usage counts.
     connection: Option<ConnectionId>,
+    /// The token's last verification: a session checks its token before every batch,
+    /// a RESP connection before every command, and asking the registry each time (a
+    /// shared lock and map, two clock reads) was a few per cent of the server's CPU
+    /// with 10,000 readers (BENCHMARKS.md, "Live readers"). Held inline, as each
+    /// follower's state is out of the processor's caches by its next delivery.
+    verified: RememberedVerification,
+}
+
+/// A verification of the caller's token, and until when it holds.
+#[derive(Clone, Copy)]
+struct VerifiedUntil {
+    until: Instant,
+    /// The registry's count of revocations before the verification.
+    revocations: u64,
+}
+
+/// The caller's last `VerifiedUntil`, if any; a clone starts with the same.
+#[derive(Default)]
+struct RememberedVerification(Mutex<Option<VerifiedUntil>>);
+
+impl Clone for RememberedVerification {
+    fn clone(&self) -> Self {
+        RememberedVerification(Mutex::new(*self.0.lock()))
+    }
 }
 
 impl Caller {
@@ -59,6 +86,7 @@ impl Caller {
             forwarded: false,
             encryption_key: None,
             connection: None,
+            verified: RememberedVerification::default(),
         })
     }
 
@@ -72,6 +100,7 @@ impl Caller {
             forwarded: false,
             encryption_key: None,
             connection: None,
+            verified: RememberedVerification::default(),
         }
     }
 
@@ -128,10 +157,18 @@ impl Caller {
     /// expired. Every operation below checks this first, so a session or connection
     /// that goes on making calls stops as soon as its token is no longer valid.
     pub async fn still_valid(&self) -> Result<()> {
-        match &self.digest {
-            None => Ok(()),
-            Some(digest) => self.engine.tokens().verified(digest).await.map(|_| ()),
+        let Some(digest) = &self.digest else {
+            return Ok(());
+        };
+        let tokens = self.engine.tokens();
+        let revocations = tokens.revocations();
+        let remembered = *self.verified.0.lock();
+        if remembered.is_some_and(|v| v.revocations == revocations && Instant::now() < v.until) {
+            return Ok(());
         }
+        let (_, until) = tokens.verified_until(digest).await?;
+        *self.verified.0.lock() = until.map(|until| VerifiedUntil { until, revocations });
+        Ok(())
     }
 
     /// What this server is configured with (location, storage class, ...).

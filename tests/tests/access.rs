@@ -792,6 +792,72 @@ async fn revocation_reaches_open_sessions_and_connections() {
     assert!(!bodies.iter().any(|b| b == "via-session-2"), "{bodies:?}");
 }
 
+/// An open session ends when its token expires: a batch after the expiry is refused,
+/// though the token's last verification is younger than the verification cache's TTL.
+#[tokio::test]
+async fn an_open_session_ends_when_its_token_expires() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let endpoint = server.endpoint.clone();
+    streamgate_tests::create_streams(&endpoint, BASIN_A, &["expiring"]).await;
+    let everything = json!({"prefix": ""});
+    let expires_at = time::OffsetDateTime::now_utc() + time::Duration::seconds(3);
+    let token = issue_ok(
+        &endpoint,
+        json!({
+            "id": "expiring",
+            "expires_at": expires_at.format(&time::format_description::well_known::Rfc3339).unwrap(),
+            "scope": scope(everything.clone(), everything, true, true)
+        }),
+    )
+    .await;
+    let append_as_root = |body: &'static str| {
+        streamgate_tests::client()
+            .post(format!("{endpoint}/v1/streams/expiring/records"))
+            .header("s2-basin", BASIN_A)
+            .json(&json!({"records": [{"body": body}]}))
+            .send()
+    };
+    let response = bearer(
+        anonymous().get(format!("{endpoint}/v1/streams/expiring/records?seq_num=0")),
+        &token,
+    )
+    .header("s2-basin", BASIN_A)
+    .header("accept", "text/event-stream")
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut events = response.bytes_stream();
+    let mut seen = String::new();
+    macro_rules! read_until {
+        ($needle:expr) => {
+            while !seen.contains($needle) {
+                let chunk = tokio::time::timeout(Duration::from_secs(20), events.next())
+                    .await
+                    .expect("the session goes on")
+                    .expect("the session is open")
+                    .unwrap();
+                seen.push_str(std::str::from_utf8(&chunk).unwrap());
+            }
+        };
+    }
+    assert_eq!(append_as_root("before").await.unwrap().status(), 200);
+    read_until!("before");
+    assert!(
+        time::OffsetDateTime::now_utc() < expires_at - time::Duration::seconds(1),
+        "the first record was delivered well before the expiry"
+    );
+
+    let left = expires_at - time::OffsetDateTime::now_utc();
+    tokio::time::sleep(Duration::try_from(left).unwrap() + Duration::from_millis(300)).await;
+    assert_eq!(append_as_root("after").await.unwrap().status(), 200);
+    read_until!("event: error");
+    assert!(seen.contains("authn"), "{seen}");
+    assert!(!seen.contains("after"), "{seen}");
+}
+
 /// A RESP connection that has not authenticated is served (with `NOAUTH`) until its
 /// 30 s are up, then told why and closed; one that authenticated at once stays.
 #[tokio::test]

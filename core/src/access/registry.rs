@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,9 @@ fn insert_bounded<V>(
 pub struct TokenRegistry {
     lookups: Lookups,
     throttle: FailedAuthThrottle,
+    /// Revocations made on this node so far: a verification remembered outside the
+    /// registry (`Caller`) is not relied on once one was made after it.
+    revocations: AtomicU64,
 }
 
 /// What a lookup in the metadata store reads and updates; cheap to clone, so a lookup
@@ -99,6 +103,7 @@ impl TokenRegistry {
                 flights: SingleFlight::default(),
             },
             throttle: FailedAuthThrottle::default(),
+            revocations: AtomicU64::new(0),
         }
     }
 
@@ -154,19 +159,31 @@ impl TokenRegistry {
     /// cache, up to `MAX_STALE_WHILE_UNAVAILABLE`, while the store is unavailable).
     /// Long-lived sessions call this as they go, so a revocation reaches them too.
     pub async fn verified(&self, digest: &[u8; 32]) -> Result<Arc<Principal>> {
+        Ok(self.verified_until(digest).await?.0)
+    }
+
+    /// Like `verified`, and until when its answer holds without asking again: until
+    /// `CACHE_TTL` after the verification it relied on, or the token's expiry if that
+    /// comes first, unless a revocation is made on this node meanwhile (`revocations`).
+    /// `None` for an answer kept while the metadata store is unavailable, which is
+    /// asked again on every call.
+    pub async fn verified_until(
+        &self,
+        digest: &[u8; 32],
+    ) -> Result<(Arc<Principal>, Option<Instant>)> {
         let cached = self.lookups.cache.lock().get(digest).cloned();
-        let principal = match cached {
-            Some((principal, at)) if at.elapsed() < CACHE_TTL => principal,
+        let (principal, fresh_until) = match cached {
+            Some((principal, at)) if at.elapsed() < CACHE_TTL => (principal, Some(at + CACHE_TTL)),
             cached => {
                 let stale = cached
                     .filter(|(_, at)| at.elapsed() < MAX_STALE_WHILE_UNAVAILABLE)
                     .map(|(principal, _)| principal);
                 match (stale, self.recheck()) {
-                    (Some(principal), Recheck::NotYet) => principal,
+                    (Some(principal), Recheck::NotYet) => (principal, None),
                     (Some(principal), Recheck::InBackground) => {
                         let (lookups, digest) = (self.lookups.clone(), *digest);
                         tokio::spawn(async move { lookups.look_up_once(&digest).await });
-                        principal
+                        (principal, None)
                     }
                     (stale, _) => match self.lookups.look_up_once(digest).await {
                         Err(Error::Unavailable(why)) => {
@@ -174,19 +191,34 @@ impl TokenRegistry {
                                 return Err(Error::Unavailable(why));
                             };
                             tracing::debug!(error = %why, "metadata store unavailable: honouring a token verified earlier");
-                            principal
+                            (principal, None)
                         }
-                        outcome => outcome?,
+                        // Held as long as the cache holds what the lookup found.
+                        outcome => (outcome?, Some(Instant::now() + CACHE_TTL)),
                     },
                 }
             }
         };
-        if principal.is_expired(OffsetDateTime::now_utc()) {
+        let now = OffsetDateTime::now_utc();
+        if principal.is_expired(now) {
             return Err(Error::Unauthenticated(
                 "the access token has expired".into(),
             ));
         }
-        Ok(principal)
+        let until = fresh_until.map(|until| match principal.expires_at() {
+            Some(expiry) => {
+                let left = Duration::try_from(expiry - now).unwrap_or(Duration::ZERO);
+                until.min(Instant::now() + left)
+            }
+            None => until,
+        });
+        Ok((principal, until))
+    }
+
+    /// How many revocations this node has made: an answer of `verified_until` holds
+    /// only while this stays what it was before the call.
+    pub fn revocations(&self) -> u64 {
+        self.revocations.load(Ordering::Acquire)
     }
 
     /// How to recheck a token verified earlier. While the metadata store is known to be
@@ -270,6 +302,8 @@ impl TokenRegistry {
             .cache
             .lock()
             .retain(|_, (principal, _)| principal.token_id() != id);
+        // After the cache: a caller that reads the count after this verifies afresh.
+        self.revocations.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
