@@ -889,6 +889,7 @@ impl Engine {
             basin: basin.clone(),
             connection: access.connection,
             streaming,
+            counted_minute: None,
         };
         StreamReader::open(
             self.inner.records.clone(),

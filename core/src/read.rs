@@ -141,6 +141,12 @@ impl StreamReader {
         }
     }
 
+    /// Whether another node sequences the stream: each batch, and each wait at the
+    /// tail, is a read made there.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.source, Source::Remote(_))
+    }
+
     /// Whether the stream was handed to another node while this reader read it here
     /// (see `Caller::follow_move`).
     pub fn has_moved(&self) -> bool {
@@ -404,17 +410,24 @@ pub(crate) struct ReadMeter {
     /// A read session (one operation per minute on a connection), or a unary read
     /// (counted as one operation where it is made).
     pub streaming: bool,
+    /// The minute the session's operation was last counted in (see `streaming_read`).
+    pub counted_minute: Option<u64>,
 }
 
 impl ReadMeter {
-    fn delivered(&self, stream_id: u64, records: &[SequencedRecord]) {
+    fn delivered(&mut self, stream_id: u64, records: &[SequencedRecord]) {
         if records.is_empty() {
             return;
         }
         let bytes = records.iter().map(SequencedRecord::metered_size).sum();
         if self.streaming {
-            self.usage
-                .streaming_read(&self.basin, stream_id, bytes, self.connection);
+            self.usage.streaming_read(
+                &self.basin,
+                stream_id,
+                bytes,
+                self.connection,
+                &mut self.counted_minute,
+            );
         } else {
             self.usage.read_throughput(&self.basin, bytes);
         }
@@ -484,8 +497,11 @@ impl LocalReader {
                 self.state.name.clone(),
             )));
         }
-        self.position = self.position.max(self.state.visible().trim_point);
-        let compacted_before = self.state.visible().compacted.seq_num;
+        let compacted_before = {
+            let visible = self.state.visible();
+            self.position = self.position.max(visible.trim_point);
+            visible.compacted.seq_num
+        };
         let (records, bounded, first_retained) = match self.collect(limits).await {
             // A WAL chunk read while compaction moved its records into segments may be
             // deleted under the read: the second look finds them in the segments.

@@ -157,23 +157,27 @@ impl UsageRecorder {
             ops: (metric::APPEND_OPS, class),
             read: false,
         };
-        self.per_minute(kind, basin, stream_id, metered, connection);
+        self.per_minute(kind, basin, stream_id, metered, connection, &mut None);
     }
 
-    /// A batch of `bytes` a read session delivered.
+    /// A batch of `bytes` a read session delivered. `counted_minute` is the session's
+    /// own note of the minute its operation was last counted in: its later batches in
+    /// that minute skip the shared set of counted sessions, which each of 10,000
+    /// followers' deliveries otherwise hashes into under the lock.
     pub fn streaming_read(
         &self,
         basin: &BasinName,
         stream_id: u64,
         bytes: u64,
         connection: Option<ConnectionId>,
+        counted_minute: &mut Option<u64>,
     ) {
         let kind = PerMinute {
             throughput: (metric::READ_THROUGHPUT, metric::READ_THROUGHPUT),
             ops: (metric::READ_OPS, "streaming"),
             read: true,
         };
-        self.per_minute(kind, basin, stream_id, bytes, connection);
+        self.per_minute(kind, basin, stream_id, bytes, connection, counted_minute);
     }
 
     /// A unary read: one operation (its bytes are counted as they are read).
@@ -196,15 +200,18 @@ impl UsageRecorder {
         stream_id: u64,
         bytes: u64,
         connection: Option<ConnectionId>,
+        counted_minute: &mut Option<u64>,
     ) {
+        let minute = Resolution::Minute.bucket_of(now_secs());
         let mut pending = self.pending.lock();
         if bytes > 0 {
             Self::add(&mut pending, basin.as_str(), kind.throughput, bytes);
         }
         // Without a connection (the server's own calls), every call is one operation.
         let first = match connection {
+            Some(_) if *counted_minute == Some(minute) => false,
             Some(connection) if pending.sessions.len() < MAX_SESSION_MINUTES => {
-                let minute = Resolution::Minute.bucket_of(now_secs());
+                *counted_minute = Some(minute);
                 pending
                     .sessions
                     .insert((minute, connection, stream_id, kind.read))
@@ -339,3 +346,59 @@ impl UsageRecorder {
 
 /// Shared by the engine and its background tasks.
 pub(crate) type Usage = Arc<UsageRecorder>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The streaming read operations and read bytes counted so far.
+    fn streaming_reads(recorder: &UsageRecorder) -> (u64, u64) {
+        let pending = recorder.pending.lock();
+        let sum = |series: (&str, &str)| -> u64 {
+            let matching = pending
+                .counts
+                .iter()
+                .filter(|(key, _)| (key.metric, key.series) == series);
+            matching.map(|(_, n)| *n).sum()
+        };
+        (
+            sum((metric::READ_OPS, "streaming")),
+            sum((metric::READ_THROUGHPUT, metric::READ_THROUGHPUT)),
+        )
+    }
+
+    #[test]
+    fn a_read_session_is_one_operation_a_minute_on_its_connection_and_stream() {
+        let basin = BasinName::new("usage-basin").unwrap();
+        let (one, two) = (Some(ConnectionId(1)), Some(ConnectionId(2)));
+        // Counts are per minute: a run that straddles a minute's end is run again.
+        for _ in 0..3 {
+            let minute = Resolution::Minute.bucket_of(now_secs());
+            let recorder = UsageRecorder::default();
+            let (mut session, mut other_session) = (None, None);
+            for _ in 0..3 {
+                recorder.streaming_read(&basin, 7, 10, one, &mut session);
+            }
+            let remembered = session;
+            // Another session on the same connection and stream is the same operation.
+            recorder.streaming_read(&basin, 7, 10, one, &mut other_session);
+            // A session that remembers an earlier minute asks the shared set again.
+            let mut stale = Some(minute.wrapping_sub(60));
+            recorder.streaming_read(&basin, 7, 10, one, &mut stale);
+            let same_operation = streaming_reads(&recorder);
+            // Another stream, or another connection, is another operation.
+            recorder.streaming_read(&basin, 8, 10, one, &mut None);
+            recorder.streaming_read(&basin, 7, 10, two, &mut None);
+            let others = streaming_reads(&recorder);
+            if Resolution::Minute.bucket_of(now_secs()) != minute {
+                continue;
+            }
+            assert_eq!(remembered, Some(minute));
+            assert_eq!(stale, Some(minute));
+            assert_eq!(same_operation, (1, 50), "every batch's bytes count");
+            assert_eq!(others, (3, 70));
+            return;
+        }
+        panic!("three runs in a row straddled a minute's end");
+    }
+}

@@ -155,6 +155,81 @@ async fn a_following_sse_session_pings_when_it_catches_up_and_delivers_live_reco
     assert_eq!(batch["tail"]["seq_num"], 1, "live batches carry the tail");
 }
 
+/// Opens an SSE session on `query` and returns its events as they come.
+async fn sse_session(client: &Client, endpoint: &str, query: &str) -> SseReader {
+    let response = client
+        .get(format!("{endpoint}/v1/streams/{query}"))
+        .header("s2-basin", BASIN)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    SseReader {
+        body: Box::pin(response.bytes_stream()),
+        text: String::new(),
+    }
+}
+
+/// A following session that goes quiet sends a heartbeat 5-15 s after its last event,
+/// and again after each heartbeat; one with `wait` ends once idle that long, heartbeat
+/// or not.
+#[tokio::test]
+async fn quiet_sessions_send_heartbeats_and_end_after_their_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let endpoint = server.endpoint.clone();
+    let client = setup(&endpoint, "quiet").await;
+    append(&client, &endpoint, "quiet", &["first"]).await;
+
+    let mut following = sse_session(&client, &endpoint, "quiet/records?seq_num=0").await;
+    let mut bounded = sse_session(&client, &endpoint, "quiet/records?seq_num=0&wait=2").await;
+    for (name, session) in [("following", &mut following), ("bounded", &mut bounded)] {
+        let (event, id, _) = session.next_event().await;
+        assert_eq!((event.as_str(), id.as_str()), ("batch", "0,1,13"), "{name}");
+    }
+
+    // The session with `wait=2` announces the tail, then ends 2 s after its last
+    // record: before any heartbeat is due.
+    let caught_up = std::time::Instant::now();
+    let (event, _, _) = bounded.next_event().await;
+    assert_eq!(event, "ping", "the bounded session announces the tail");
+    let (event, _, data) = bounded.next_event().await;
+    assert_eq!((event.as_str(), data.as_str()), ("", "[DONE]"));
+    let idle = caught_up.elapsed();
+    assert!(idle >= Duration::from_millis(1900), "ended after {idle:?}");
+
+    // The following session's heartbeats: the announcement at once, then one every
+    // 5-15 s while nothing is appended.
+    let (event, _, _) = following.next_event().await;
+    assert_eq!(event, "ping", "the following session announces the tail");
+    for _ in 0..2 {
+        let quiet = std::time::Instant::now();
+        let (event, _, data) = following.next_event().await;
+        assert_eq!(event, "ping", "a heartbeat");
+        let ping: Value = serde_json::from_str(&data).unwrap();
+        assert_eq!(ping["tail"]["seq_num"], 1);
+        let gap = quiet.elapsed();
+        assert!(
+            gap >= Duration::from_millis(4900),
+            "a heartbeat after {gap:?} of quiet"
+        );
+    }
+
+    // A record delivered, then quiet again: the next heartbeat counts from it.
+    append(&client, &endpoint, "quiet", &["second"]).await;
+    let (event, _, _) = following.next_event().await;
+    assert_eq!(event, "batch");
+    let delivered = std::time::Instant::now();
+    let (event, _, _) = following.next_event().await;
+    assert_eq!(event, "ping");
+    let gap = delivered.elapsed();
+    assert!(
+        gap >= Duration::from_millis(4900),
+        "a heartbeat after {gap:?}"
+    );
+}
+
 /// The reconnect-advised flag of S2S frames.
 const RECONNECT_ADVISED: u8 = 0x10;
 

@@ -5,6 +5,7 @@
 //! (`count`, `bytes`, `until`) and `wait` (an idle timeout) end the session.
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -14,7 +15,7 @@ use streamgate_core::names::{BasinName, StreamName};
 use streamgate_core::read::{ReadBatch, ReadLimits, StreamReader};
 use streamgate_core::record::StreamPosition;
 use streamgate_core::Caller;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::append::streaming_response;
 use super::frame::{encode_message, encode_terminal, Compression};
@@ -205,7 +206,11 @@ pub fn respond<E: SessionEncoder>(
         remaining_count: bounds.count,
         remaining_bytes: bounds.bytes,
         announced_following: false,
+        wait_first: false,
         idle_since: Instant::now(),
+        quiet_since: Instant::now(),
+        heartbeat_delay: heartbeat_delay(),
+        wake_at: None,
         ended: false,
     };
     let frames = futures::stream::unfold(session, |mut session| async move {
@@ -235,7 +240,18 @@ struct ReadSession<E> {
     remaining_count: Option<u64>,
     remaining_bytes: Option<u64>,
     announced_following: bool,
+    /// The last batch reached the tail while following (see `next_event`).
+    wait_first: bool,
     idle_since: Instant,
+    /// When the session last sent records or a heartbeat: the next heartbeat is due a
+    /// random 5-15 s later.
+    quiet_since: Instant,
+    heartbeat_delay: Duration,
+    /// Wakes a following session for its next heartbeat or idle timeout. One timer for
+    /// the session's life, moved only when it fires early: setting a timer for every
+    /// wait cost each delivery a timer-wheel insertion and removal (a few per cent of
+    /// the server's CPU with 10,000 readers; BENCHMARKS.md, "Live readers").
+    wake_at: Option<Pin<Box<Sleep>>>,
     /// A terminal frame (error or done) was sent, or the session ended without one.
     ended: bool,
 }
@@ -267,53 +283,71 @@ impl<E: SessionEncoder> ReadSession<E> {
             if self.remaining_count == Some(0) || self.remaining_bytes == Some(0) {
                 return Ok(None);
             }
-            let limits = ReadLimits {
-                count: self.remaining_count,
-                bytes: self.remaining_bytes,
-                until: self.bounds.until,
-            }
-            .for_one_batch();
-            // The caller re-checks its token before every batch: a token revoked or
-            // expired while the session is open ends it.
-            let (batch, bounded) = match self.caller.next_batch(&mut self.reader, limits).await {
-                Ok(next) => next,
-                Err(err) => {
-                    self.follow_if_moved(err).await?;
-                    continue;
+            // A follower that was just sent the records up to the tail waits before it
+            // reads again: a read now would find nothing, and cost as much as a delivery.
+            if !std::mem::take(&mut self.wait_first) {
+                let limits = ReadLimits {
+                    count: self.remaining_count,
+                    bytes: self.remaining_bytes,
+                    until: self.bounds.until,
                 }
-            };
-            if !batch.records.is_empty() {
-                let count = batch.records.len() as u64;
-                let bytes: u64 = batch.records.iter().map(|r| r.metered_size()).sum();
-                self.remaining_count = self.remaining_count.map(|c| c - count);
-                self.remaining_bytes = self.remaining_bytes.map(|b| b.saturating_sub(bytes));
-                self.idle_since = Instant::now();
-                return Ok(Some(self.encoder.batch(batch)));
-            }
-            if bounded {
-                return Ok(None); // `until`, or a record larger than the bytes left
-            }
-            // Caught up with the tail.
-            if !self.bounds.waits() {
-                return Ok(None);
-            }
-            if !self.announced_following {
-                // Announced with the tail the reader is at: records published since the
-                // batch are read first, and announced after.
-                let Some(tail) = self.reader.tail_if_reached() else {
-                    continue;
+                .for_one_batch();
+                // The caller re-checks its token before every batch: a token revoked or
+                // expired while the session is open ends it.
+                let (batch, bounded) = match self.caller.next_batch(&mut self.reader, limits).await
+                {
+                    Ok(next) => next,
+                    Err(err) => {
+                        self.follow_if_moved(err).await?;
+                        continue;
+                    }
                 };
-                self.announced_following = true;
-                return Ok(Some(self.encoder.heartbeat(tail)));
+                if !batch.records.is_empty() {
+                    let count = batch.records.len() as u64;
+                    let bytes: u64 = batch.records.iter().map(|r| r.metered_size()).sum();
+                    self.remaining_count = self.remaining_count.map(|c| c - count);
+                    self.remaining_bytes = self.remaining_bytes.map(|b| b.saturating_sub(bytes));
+                    self.idle_since = Instant::now();
+                    self.quiet_since = self.idle_since;
+                    self.wait_first = self.announced_following && !bounded && batch.tail.is_some();
+                    return Ok(Some(self.encoder.batch(batch)));
+                }
+                if bounded {
+                    return Ok(None); // `until`, or a record larger than the bytes left
+                }
+                // Caught up with the tail.
+                if !self.bounds.waits() {
+                    return Ok(None);
+                }
+                if !self.announced_following {
+                    // Announced with the tail the reader is at: records published since the
+                    // batch are read first, and announced after.
+                    let Some(tail) = self.reader.tail_if_reached() else {
+                        continue;
+                    };
+                    self.announced_following = true;
+                    return Ok(Some(self.heartbeat(tail)));
+                }
             }
-            let heartbeat_at = Instant::now() + heartbeat_delay();
+            let heartbeat_at = self.quiet_since + self.heartbeat_delay;
             let idle_deadline = self
                 .bounds
                 .wait
                 .and_then(|wait| self.idle_since.checked_add(wait));
             let deadline = idle_deadline.map_or(heartbeat_at, |idle| idle.min(heartbeat_at));
-            tokio::select! {
-                more = self.reader.wait_for_records(Some(deadline)) => match more {
+            // Deadlines only move later (records and heartbeats push them), so a timer
+            // set earlier fires early at worst, and is moved then.
+            let wake_at = self
+                .wake_at
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if wake_at.deadline() > deadline {
+                wake_at.as_mut().reset(deadline);
+            }
+            // A wait here is only a notification, dropped when the timer fires; a wait
+            // at another node is a read there, which is told when to end.
+            let wait_until = self.reader.is_remote().then_some(deadline);
+            let timed_out = tokio::select! {
+                more = self.reader.wait_for_records(wait_until) => match more {
                     Ok(true) => {
                         // A record that wakes thousands of followers at once: let the
                         // tasks already woken run first, the append's acknowledgement
@@ -323,23 +357,45 @@ impl<E: SessionEncoder> ReadSession<E> {
                         if crate::coalesce::runtime_is_backlogged() {
                             tokio::task::yield_now().await;
                         }
+                        false
                     }
-                    Ok(false) if idle_deadline.is_some_and(|idle| Instant::now() >= idle) => {
-                        return Ok(None);
+                    // The deadline passed at the other node, or the tail can no
+                    // longer change here.
+                    Ok(false) => true,
+                    Err(err) => {
+                        self.follow_if_moved(err).await?;
+                        false
                     }
-                    Ok(false) => {
-                        // As above: a heartbeat names only a tail the reader is at.
-                        if let Some(tail) = self.reader.tail_if_reached() {
-                            return Ok(Some(self.encoder.heartbeat(tail)));
-                        }
-                    }
-                    Err(err) => self.follow_if_moved(err).await?,
                 },
+                () = wake_at.as_mut() => {
+                    let now = Instant::now();
+                    if now < deadline {
+                        wake_at.as_mut().reset(deadline);
+                    }
+                    now >= deadline
+                }
                 _ = self.drain.started() => {
                     return Err(ApiError::from(streamgate_core::Error::ServerDraining));
                 }
+            };
+            if !timed_out {
+                continue;
+            }
+            if idle_deadline.is_some_and(|idle| Instant::now() >= idle) {
+                return Ok(None);
+            }
+            // As above: a heartbeat names only a tail the reader is at.
+            if let Some(tail) = self.reader.tail_if_reached() {
+                return Ok(Some(self.heartbeat(tail)));
             }
         }
+    }
+
+    /// A heartbeat frame, which starts the next quiet period.
+    fn heartbeat(&mut self, tail: StreamPosition) -> Bytes {
+        self.quiet_since = Instant::now();
+        self.heartbeat_delay = heartbeat_delay();
+        self.encoder.heartbeat(tail)
     }
 
     /// A stream handed to another node: the session goes on there, from where it was.
