@@ -646,6 +646,57 @@ async fn redis_commands_need_the_operations_of_the_documented_permission_table()
     }
 }
 
+/// Appends one record to `stream` of `BASIN_A` with the root token.
+async fn append_as_root(endpoint: &str, stream: &str, body: &str) -> reqwest::StatusCode {
+    streamgate_tests::client()
+        .post(format!("{endpoint}/v1/streams/{stream}/records"))
+        .header("s2-basin", BASIN_A)
+        .json(&json!({"records": [{"body": body}]}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+/// What a following SSE session on `stream` of `BASIN_A`, opened with `token`, has
+/// sent so far.
+struct SseText {
+    events: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    seen: String,
+}
+
+impl SseText {
+    async fn open(endpoint: &str, token: &str, stream: &str) -> SseText {
+        let response = bearer(
+            anonymous().get(format!("{endpoint}/v1/streams/{stream}/records?seq_num=0")),
+            token,
+        )
+        .header("s2-basin", BASIN_A)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+        assert_eq!(response.status(), 200);
+        SseText {
+            events: Box::pin(response.bytes_stream()),
+            seen: String::new(),
+        }
+    }
+
+    /// Reads until what was sent contains `needle`.
+    async fn read_until(&mut self, needle: &str) {
+        use futures::StreamExt;
+        while !self.seen.contains(needle) {
+            let chunk = tokio::time::timeout(Duration::from_secs(20), self.events.next())
+                .await
+                .expect("the session goes on")
+                .expect("the session is open")
+                .unwrap();
+            self.seen.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    }
+}
+
 #[tokio::test]
 async fn revocation_reaches_open_sessions_and_connections() {
     use futures::StreamExt;
@@ -659,41 +710,10 @@ async fn revocation_reaches_open_sessions_and_connections() {
         json!({"id": "live", "scope": scope(everything.clone(), everything, true, true)}),
     )
     .await;
-    let append_as_root = |body: &'static str| {
-        streamgate_tests::client()
-            .post(format!("{endpoint}/v1/streams/live/records"))
-            .header("s2-basin", BASIN_A)
-            .json(&json!({"records": [{"body": body}]}))
-            .send()
-    };
-
     // A following SSE session and an authenticated RESP connection, both working.
-    let response = bearer(
-        anonymous().get(format!("{endpoint}/v1/streams/live/records?seq_num=0")),
-        &token,
-    )
-    .header("s2-basin", BASIN_A)
-    .header("accept", "text/event-stream")
-    .send()
-    .await
-    .unwrap();
-    assert_eq!(response.status(), 200);
-    let mut events = response.bytes_stream();
-    let mut seen = String::new();
-    macro_rules! read_until {
-        ($needle:expr) => {
-            while !seen.contains($needle) {
-                let chunk = tokio::time::timeout(Duration::from_secs(20), events.next())
-                    .await
-                    .expect("the session goes on")
-                    .expect("the session is open")
-                    .unwrap();
-                seen.push_str(std::str::from_utf8(&chunk).unwrap());
-            }
-        };
-    }
-    assert_eq!(append_as_root("before").await.unwrap().status(), 200);
-    read_until!("before");
+    let mut sse = SseText::open(&endpoint, &token, "live").await;
+    assert_eq!(append_as_root(&endpoint, "live", "before").await, 200);
+    sse.read_until("before").await;
 
     // An S2S append session, with one input acknowledged.
     let (inputs, input_stream) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
@@ -777,10 +797,10 @@ async fn revocation_reaches_open_sessions_and_connections() {
     assert_eq!(error["code"], "authn", "{error}");
 
     // The SSE session ends with an authn error instead of delivering the next record.
-    assert_eq!(append_as_root("after").await.unwrap().status(), 200);
-    read_until!("event: error");
-    assert!(seen.contains("authn"), "{seen}");
-    assert!(!seen.contains("after"), "{seen}");
+    assert_eq!(append_as_root(&endpoint, "live", "after").await, 200);
+    sse.read_until("event: error").await;
+    assert!(sse.seen.contains("authn"), "{}", sse.seen);
+    assert!(!sse.seen.contains("after"), "{}", sse.seen);
 
     // What was acknowledged is there; what the revoked token sent is not.
     let bodies: Vec<String> = streamgate_tests::read_stream(&endpoint, BASIN_A, "live")
@@ -796,7 +816,6 @@ async fn revocation_reaches_open_sessions_and_connections() {
 /// though the token's last verification is younger than the verification cache's TTL.
 #[tokio::test]
 async fn an_open_session_ends_when_its_token_expires() {
-    use futures::StreamExt;
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     let endpoint = server.endpoint.clone();
@@ -812,39 +831,9 @@ async fn an_open_session_ends_when_its_token_expires() {
         }),
     )
     .await;
-    let append_as_root = |body: &'static str| {
-        streamgate_tests::client()
-            .post(format!("{endpoint}/v1/streams/expiring/records"))
-            .header("s2-basin", BASIN_A)
-            .json(&json!({"records": [{"body": body}]}))
-            .send()
-    };
-    let response = bearer(
-        anonymous().get(format!("{endpoint}/v1/streams/expiring/records?seq_num=0")),
-        &token,
-    )
-    .header("s2-basin", BASIN_A)
-    .header("accept", "text/event-stream")
-    .send()
-    .await
-    .unwrap();
-    assert_eq!(response.status(), 200);
-    let mut events = response.bytes_stream();
-    let mut seen = String::new();
-    macro_rules! read_until {
-        ($needle:expr) => {
-            while !seen.contains($needle) {
-                let chunk = tokio::time::timeout(Duration::from_secs(20), events.next())
-                    .await
-                    .expect("the session goes on")
-                    .expect("the session is open")
-                    .unwrap();
-                seen.push_str(std::str::from_utf8(&chunk).unwrap());
-            }
-        };
-    }
-    assert_eq!(append_as_root("before").await.unwrap().status(), 200);
-    read_until!("before");
+    let mut sse = SseText::open(&endpoint, &token, "expiring").await;
+    assert_eq!(append_as_root(&endpoint, "expiring", "before").await, 200);
+    sse.read_until("before").await;
     assert!(
         time::OffsetDateTime::now_utc() < expires_at - time::Duration::seconds(1),
         "the first record was delivered well before the expiry"
@@ -852,10 +841,10 @@ async fn an_open_session_ends_when_its_token_expires() {
 
     let left = expires_at - time::OffsetDateTime::now_utc();
     tokio::time::sleep(Duration::try_from(left).unwrap() + Duration::from_millis(300)).await;
-    assert_eq!(append_as_root("after").await.unwrap().status(), 200);
-    read_until!("event: error");
-    assert!(seen.contains("authn"), "{seen}");
-    assert!(!seen.contains("after"), "{seen}");
+    assert_eq!(append_as_root(&endpoint, "expiring", "after").await, 200);
+    sse.read_until("event: error").await;
+    assert!(sse.seen.contains("authn"), "{}", sse.seen);
+    assert!(!sse.seen.contains("after"), "{}", sse.seen);
 }
 
 /// A RESP connection that has not authenticated is served (with `NOAUTH`) until its

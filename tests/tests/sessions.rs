@@ -126,18 +126,7 @@ async fn a_following_sse_session_pings_when_it_catches_up_and_delivers_live_reco
     let server = Server::start(dir.path());
     let endpoint = server.endpoint.clone();
     let client = setup(&endpoint, "live").await;
-    let response = client
-        .get(format!("{endpoint}/v1/streams/live/records?seq_num=0"))
-        .header("s2-basin", BASIN)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let mut events_in = SseReader {
-        body: Box::pin(response.bytes_stream()),
-        text: String::new(),
-    };
+    let mut events_in = sse_session(&client, &endpoint, "live/records?seq_num=0").await;
     let (event, _, data) = events_in.next_event().await;
     assert_eq!(
         event, "ping",
