@@ -191,7 +191,7 @@ async fn quiet_sessions_send_heartbeats_and_end_after_their_wait() {
     // The following session's heartbeats: the announcement at once, then one every
     // 5-15 s while nothing is appended. The announcement came while the bounded
     // session was read, so the gap is timed from the first heartbeat to the second,
-    // both read as they come.
+    // both read as they come (with half a second's slack for how late each was read).
     let (event, _, _) = following.next_event().await;
     assert_eq!(event, "ping", "the following session announces the tail");
     let mut quiet = None;
@@ -203,7 +203,7 @@ async fn quiet_sessions_send_heartbeats_and_end_after_their_wait() {
         if let Some(quiet) = quiet.replace(std::time::Instant::now()) {
             let gap = quiet.elapsed();
             assert!(
-                gap >= Duration::from_millis(4900),
+                gap >= Duration::from_millis(4500),
                 "a heartbeat after {gap:?} of quiet"
             );
         }
@@ -218,7 +218,7 @@ async fn quiet_sessions_send_heartbeats_and_end_after_their_wait() {
     assert_eq!(event, "ping");
     let gap = delivered.elapsed();
     assert!(
-        gap >= Duration::from_millis(4900),
+        gap >= Duration::from_millis(4500),
         "a heartbeat after {gap:?}"
     );
 }
