@@ -575,7 +575,8 @@ impl Caller {
         name: &StreamName,
     ) -> Result<()> {
         let start = ReadStart::SeqNum(reader.position());
-        *reader = self.open_reader(basin, name, start, true, None).await?;
+        let replacement = self.open_reader(basin, name, start, true, None).await?;
+        reader.replace_with(replacement);
         Ok(())
     }
 

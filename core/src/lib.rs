@@ -38,6 +38,7 @@ mod crash_point;
 pub mod encryption;
 mod engine;
 mod error;
+pub mod follow;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
 pub mod groups;

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use crate::encryption::{stored_metered_size, StreamCrypto};
 use crate::error::{Error, Resource, Result};
+use crate::follow::{ConnectionFollowers, FollowGroup, OwedDelivery};
 use crate::names::BasinName;
 use crate::read_ahead::{ReadAhead, SESSION_READ_AHEAD_BYTES};
 use crate::record::{SequencedRecord, StreamPosition, MAX_BATCH_METERED_BYTES, MAX_BATCH_RECORDS};
@@ -92,6 +93,9 @@ pub struct ReadBatch {
 /// requests) one another node sequences, read from it batch by batch.
 pub struct StreamReader {
     source: Source,
+    /// The client connection a session follows on, whose followers of a stream are
+    /// woken together (see `follow`).
+    connection: Option<Arc<ConnectionFollowers>>,
 }
 
 enum Source {
@@ -110,6 +114,7 @@ impl StreamReader {
         let local = LocalReader::open(store, state, start, clamp, crypto, meter).await?;
         Ok(StreamReader {
             source: Source::Local(local),
+            connection: None,
         })
     }
 
@@ -122,7 +127,25 @@ impl StreamReader {
         let remote = RemoteReader::open(remote, at, start, clamp).await?;
         Ok(StreamReader {
             source: Source::Remote(remote),
+            connection: None,
         })
+    }
+
+    /// Follows on `connection`: waits at the tail with the connection's other followers
+    /// of the stream, so that they are woken together and its writer knows when they
+    /// are done.
+    pub fn follow_on(&mut self, connection: Arc<ConnectionFollowers>) {
+        self.connection = Some(connection);
+    }
+
+    /// The same reader's position, read on through `replacement` (a stream handed to
+    /// another node), on the same connection.
+    pub fn replace_with(&mut self, replacement: StreamReader) {
+        let connection = self.connection.take();
+        *self = StreamReader {
+            connection,
+            ..replacement
+        };
     }
 
     /// The sequence number of the next record this reader returns.
@@ -191,7 +214,7 @@ impl StreamReader {
     /// passes (`false`). A deleted stream ends the wait with an error.
     pub async fn wait_for_records(&mut self, deadline: Option<Instant>) -> Result<bool> {
         match &mut self.source {
-            Source::Local(r) => r.wait_for_records(deadline).await,
+            Source::Local(r) => r.wait_for_records(deadline, self.connection.as_ref()).await,
             Source::Remote(r) => r.wait_for_records(deadline).await,
         }
     }
@@ -400,6 +423,11 @@ struct LocalReader {
     meter: ReadMeter,
     /// Sessions read ahead of what they have taken; unary reads do not.
     read_ahead: Option<ReadAhead>,
+    /// The followers of this stream on the session's connection, once it has waited.
+    group: Option<Arc<FollowGroup>>,
+    /// Woken with its group, the reader owes its connection this delivery until its next
+    /// batch is read.
+    owed: Option<OwedDelivery>,
 }
 
 /// Counts what a reader delivers, for the metrics API.
@@ -478,6 +506,8 @@ impl LocalReader {
             crypto,
             meter,
             read_ahead,
+            group: None,
+            owed: None,
         })
     }
 
@@ -526,6 +556,9 @@ impl LocalReader {
         };
         let tail = self.tail();
         let at_tail = records.last().map(|r| r.seq_num + 1) == Some(tail.seq_num);
+        // Read: the connection's writer need not wait for this one any longer (the
+        // frame is queued before the writer, woken now, next runs).
+        self.owed = None;
         Ok((
             ReadBatch {
                 records,
@@ -535,7 +568,14 @@ impl LocalReader {
         ))
     }
 
-    async fn wait_for_records(&mut self, deadline: Option<Instant>) -> Result<bool> {
+    async fn wait_for_records(
+        &mut self,
+        deadline: Option<Instant>,
+        connection: Option<&Arc<ConnectionFollowers>>,
+    ) -> Result<bool> {
+        if let Some(connection) = connection {
+            return self.wait_with_group(deadline, connection).await;
+        }
         loop {
             if let Some(closed) = self.state.closed() {
                 return Err(closed);
@@ -552,6 +592,33 @@ impl LocalReader {
                 None => changed.await,
             };
             if outcome.is_err() {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// `wait_for_records` with the session's connection's other followers of the stream.
+    async fn wait_with_group(
+        &mut self,
+        deadline: Option<Instant>,
+        connection: &Arc<ConnectionFollowers>,
+    ) -> Result<bool> {
+        let group = self
+            .group
+            .get_or_insert_with(|| self.state.followers().group(connection))
+            .clone();
+        loop {
+            let state = &self.state;
+            let position = self.position;
+            let ready = || state.closed().is_some() || position < state.tail().seq_num;
+            let woken = group.wait(deadline, ready, &mut self.owed).await;
+            if let Some(closed) = self.state.closed() {
+                return Err(closed);
+            }
+            if !self.at_tail() {
+                return Ok(true);
+            }
+            if !woken {
                 return Ok(false);
             }
         }

@@ -5,7 +5,8 @@
 //!   durable;
 //! - the **visible** state: the durable tail, trim point and where each durable batch lies
 //!   in the WAL. Readers only ever see this half, so they never see a record before it is
-//!   durable. Followers wait on `tail_tx`.
+//!   durable. Followers wait on `tail_tx`, or, for read sessions on a known connection,
+//!   in `followers`, grouped by connection.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use tokio::sync::{watch, Mutex};
 use crate::config::{StreamConfig, TimestampingMode};
 use crate::encryption::Cipher;
 use crate::error::{Error, Resource, Result};
+use crate::follow::StreamFollowers;
 use crate::groups::{GroupOp, GroupTurn, Groups, ReadAhead};
 use crate::names::StreamName;
 use crate::record::{AppendInput, Command, StreamPosition};
@@ -31,6 +33,7 @@ pub(crate) struct StreamState {
     sequencer: Mutex<SequencerState>,
     visible: RwLock<VisibleState>,
     tail_tx: watch::Sender<StreamPosition>,
+    followers: StreamFollowers,
     group_ops_durable: GroupOpsDurable,
     /// Taken by group changes decided from records read first (see `GroupTurn`).
     group_turn: Arc<tokio::sync::Mutex<ReadAhead>>,
@@ -185,6 +188,7 @@ impl StreamState {
             sequencer: Mutex::new(recovered),
             visible: RwLock::new(visible),
             tail_tx: watch::Sender::new(tail),
+            followers: StreamFollowers::default(),
             group_ops_durable: watch::Sender::new(group_ops),
             group_turn: Arc::default(),
             closed: AtomicU8::new(OPEN),
@@ -203,6 +207,7 @@ impl StreamState {
     pub fn mark_deleted(&self) {
         self.closed.store(DELETED, Ordering::SeqCst);
         self.tail_tx.send_modify(|_| {});
+        self.followers.wake();
     }
 
     /// Marks the stream as handed to another node (unless deleted): nothing more is
@@ -212,6 +217,7 @@ impl StreamState {
             .closed
             .compare_exchange(OPEN, MOVED, Ordering::SeqCst, Ordering::SeqCst);
         self.tail_tx.send_modify(|_| {});
+        self.followers.wake();
     }
 
     pub fn is_deleted(&self) -> bool {
@@ -265,6 +271,11 @@ impl StreamState {
 
     pub fn subscribe(&self) -> watch::Receiver<StreamPosition> {
         self.tail_tx.subscribe()
+    }
+
+    /// The stream's followers grouped by connection.
+    pub fn followers(&self) -> &StreamFollowers {
+        &self.followers
     }
 
     /// Waits until every record before `seq_num` is durable (visible), or the stream is
@@ -432,11 +443,14 @@ impl StreamState {
     /// to what `publish` made visible.
     pub fn wake_followers(&self) {
         let tail = self.visible.read().tail;
-        self.tail_tx.send_if_modified(|seen| {
+        let moved = self.tail_tx.send_if_modified(|seen| {
             let moved = *seen != tail;
             *seen = tail;
             moved
         });
+        if moved {
+            self.followers.wake();
+        }
     }
 
     /// Records before `through` are now in segments: reads find them through the index,

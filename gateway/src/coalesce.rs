@@ -6,25 +6,26 @@
 //! a `writev` for every few frames, and on loopback or a virtual NIC each call costs tens
 //! of microseconds however little it carries (23,000 calls a second, about 60% of the
 //! server's CPU, with 10,000 tailing readers). Here small writes are kept until a flush,
-//! and while many tasks are ready (the runtime is backlogged) a flush waits for them, so
-//! the frames they queue in the meantime go out in the same call. Large writes (catch-up
-//! reads) pass straight through, uncopied.
+//! and while many tasks are ready (the runtime is backlogged) a flush waits, so the
+//! frames queued in the meantime go out in the same call. Large writes (catch-up reads)
+//! pass straight through, uncopied.
 //!
-//! How long it waits depends on what the connection carries. One with several read
-//! sessions open (a client following many streams, or one stream many times) holds its
-//! flush until the release thread wakes it, every `HOLD_RELEASE_INTERVAL`: woken from
-//! outside the runtime, its task queues behind the tasks already waiting, which are its
-//! other followers' deliveries, so a record for 10,000 followers goes out in about one
-//! write per connection instead of one per few followers (measured in BENCHMARKS.md,
-//! "Live readers"). Any other connection (an appender waiting for its acknowledgement,
-//! a unary request) only yields once, so it is not held behind a burst of deliveries.
+//! How long it waits depends on what the connection carries. While followers woken on
+//! it by a record are still reading (`ConnectionFollowers::deliveries_pending`: a stream
+//! wakes its followers connection by connection, and counts them), a flush is held until
+//! the last of them has queued its frame, so a record for 10,000 followers goes out in
+//! about one write per connection, each as soon as that connection's followers are
+//! done (measured in BENCHMARKS.md, "Live readers"). The release thread lets a held
+//! flush go after `HOLD_RELEASE_INTERVAL` at the latest, should a follower be slow to
+//! read. Any other flush (an appender waiting for its acknowledgement, a unary request)
+//! only yields once, so it is not held behind a burst of deliveries.
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use streamgate_core::follow::ConnectionFollowers;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Bytes kept before they must be written out.
@@ -43,38 +44,14 @@ pub(crate) fn runtime_is_backlogged() -> bool {
         .is_ok_and(|runtime| runtime.metrics().global_queue_depth() > 0)
 }
 
-/// The read sessions open on one connection; a request's extension, so that each
-/// session counts itself while it lives.
-#[derive(Clone, Default)]
-pub struct ConnectionFollowers(Arc<AtomicUsize>);
-
-impl ConnectionFollowers {
-    /// Counts a read session until the guard is dropped.
-    pub fn enter(&self) -> FollowerGuard {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        FollowerGuard(self.0.clone())
-    }
-
-    fn several(&self) -> bool {
-        self.0.load(Ordering::Relaxed) > 1
-    }
-}
-
-pub struct FollowerGuard(Arc<AtomicUsize>);
-
-impl Drop for FollowerGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// Where a flush that waits is in its wait.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Waiting {
     No,
-    /// Yielded once (a connection without several followers).
+    /// Yielded once (no deliveries were pending).
     Yielded,
-    /// Held since this release of the release thread.
+    /// Held for the connection's pending deliveries, since this release of the release
+    /// thread.
     Held(u64),
 }
 
@@ -88,17 +65,17 @@ pub struct CoalescedWrites<IO> {
     waiting: Waiting,
     /// Whether a flush should wait now.
     worth_waiting: fn() -> bool,
-    followers: ConnectionFollowers,
+    followers: Arc<ConnectionFollowers>,
 }
 
 impl<IO> CoalescedWrites<IO> {
-    pub fn new(inner: IO, followers: ConnectionFollowers) -> Self {
+    pub fn new(inner: IO, followers: Arc<ConnectionFollowers>) -> Self {
         Self::waiting_when(inner, followers, runtime_is_backlogged)
     }
 
     fn waiting_when(
         inner: IO,
-        followers: ConnectionFollowers,
+        followers: Arc<ConnectionFollowers>,
         worth_waiting: fn() -> bool,
     ) -> Self {
         Self {
@@ -117,7 +94,9 @@ impl<IO> CoalescedWrites<IO> {
             return true;
         }
         match self.waiting {
-            Waiting::No if self.followers.several() && hold_release::available() => {
+            Waiting::No
+                if hold_release::available() && self.followers.deliveries_pending(cx.waker()) =>
+            {
                 self.waiting = Waiting::Held(hold_release::hold(cx.waker()));
                 false
             }
@@ -127,17 +106,18 @@ impl<IO> CoalescedWrites<IO> {
                 cx.waker().wake_by_ref();
                 false
             }
-            // Polled again before its release: another stream of the connection queued
-            // a frame, gathered above; the release wakes it as well.
-            Waiting::Held(release) => release != hold_release::current(),
+            // Polled again: the last pending delivery was made, or the release came, or
+            // another stream of the connection queued a frame (gathered above).
+            Waiting::Held(release) => {
+                release != hold_release::current() || !self.followers.deliveries_pending(cx.waker())
+            }
             Waiting::Yielded => true,
         }
     }
 }
 
-/// The release thread of held flushes (see the module's comment). A thread, not a
-/// task: its wake-ups go to the back of the runtime's shared queue, behind the tasks
-/// that were woken with the held connections' followers.
+/// The release thread of held flushes: the latest a held flush waits (see the module's
+/// comment).
 mod hold_release {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Condvar, LazyLock, Mutex};
@@ -145,8 +125,7 @@ mod hold_release {
     use std::time::Duration;
 
     /// How long a flush is held at most (after which it still waits its turn in the
-    /// queue). Measured with 10,000 followers: 0.5, 2, 5 and 10 ms all gather about as
-    /// well; a longer one only delays.
+    /// queue).
     const HOLD_RELEASE_INTERVAL: Duration = Duration::from_millis(2);
 
     struct Held {
@@ -168,7 +147,7 @@ mod hold_release {
     }
 
     /// Whether the release thread runs (started on first use). Without it (the
-    /// system refused a thread) flushes are never held: they yield, as before.
+    /// system refused a thread) flushes are never held: they yield once.
     pub fn available() -> bool {
         static STARTED: LazyLock<bool> = LazyLock::new(|| {
             let started = std::thread::Builder::new()
@@ -311,12 +290,15 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for CoalescedWrites<IO> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::{Wake, Waker};
+    use streamgate_core::follow::StreamFollowers;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test]
     async fn small_writes_go_out_together_at_the_flush_and_large_ones_in_order() {
         let (near, mut far) = tokio::io::duplex(1024 * 1024);
-        let mut io = CoalescedWrites::new(near, ConnectionFollowers::default());
+        let mut io = CoalescedWrites::new(near, Arc::default());
         io.write_all(b"one ").await.unwrap();
         io.write_all(b"two ").await.unwrap();
         // hyper writes through the vectored call on a socket: its slices, in order.
@@ -348,16 +330,10 @@ mod tests {
     }
 
     /// Which of a flush and a task spawned just before it comes first, on a
-    /// current-thread runtime (where the task runs only once the flushing one waits),
-    /// on a connection with `followers` read sessions open.
-    async fn flush_or_other_task_first(
-        followers: usize,
-        worth_waiting: fn() -> bool,
-    ) -> Vec<&'static str> {
+    /// current-thread runtime (where the task runs only once the flushing one waits).
+    async fn flush_or_other_task_first(worth_waiting: fn() -> bool) -> Vec<&'static str> {
         let (near, mut far) = tokio::io::duplex(1024);
-        let open = ConnectionFollowers::default();
-        let _sessions: Vec<FollowerGuard> = (0..followers).map(|_| open.enter()).collect();
-        let mut io = CoalescedWrites::waiting_when(near, open, worth_waiting);
+        let mut io = CoalescedWrites::waiting_when(near, Arc::default(), worth_waiting);
         let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         io.write_all(b"x").await.unwrap();
         let other = {
@@ -376,54 +352,58 @@ mod tests {
 
     #[tokio::test]
     async fn a_flush_lets_other_ready_tasks_run_first_only_when_worth_it() {
-        for followers in [0, 1, 2] {
-            assert_eq!(
-                flush_or_other_task_first(followers, || true).await,
-                ["other task", "flushed"]
-            );
-            assert_eq!(
-                flush_or_other_task_first(followers, || false).await,
-                ["flushed", "other task"]
-            );
+        assert_eq!(
+            flush_or_other_task_first(|| true).await,
+            ["other task", "flushed"]
+        );
+        assert_eq!(
+            flush_or_other_task_first(|| false).await,
+            ["flushed", "other task"]
+        );
+    }
+
+    struct Woken(AtomicBool);
+
+    impl Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
         }
     }
 
-    /// A connection with several read sessions holds its flush until the release
-    /// thread lets it go, even while the runtime stays backlogged; one with a single
-    /// session only yields once, and goes before any release.
+    /// While a follower woken on the connection has not read its records, a flush is
+    /// held; the follower's delivery wakes it, and it goes out then.
     #[tokio::test]
-    async fn only_a_connection_with_several_followers_waits_for_a_release() {
-        for (followers, waits_for_release) in [(1, false), (2, true)] {
-            let (near, mut far) = tokio::io::duplex(1024);
-            let open = ConnectionFollowers::default();
-            let _sessions: Vec<FollowerGuard> = (0..followers).map(|_| open.enter()).collect();
-            let mut io = CoalescedWrites::waiting_when(near, open, || true);
-            io.write_all(b"x").await.unwrap();
-            let before = hold_release::current();
-            io.flush().await.unwrap();
-            let released = hold_release::current() > before;
-            // Another test's held flush may bring a release about: only a wait for
-            // one is checked.
-            if waits_for_release {
-                assert!(released, "flushed before a release");
-            }
-            let mut byte = [0u8; 1];
-            far.read_exact(&mut byte).await.unwrap();
-            assert_eq!(&byte, b"x");
+    async fn a_flush_waits_for_the_deliveries_pending_on_its_connection() {
+        let stream = StreamFollowers::default();
+        let connection = Arc::new(ConnectionFollowers::default());
+        let group = stream.group(&connection);
+        let mut owed = None;
+        {
+            let wait = group.wait(None, || false, &mut owed);
+            tokio::pin!(wait);
+            assert!(futures::poll!(wait.as_mut()).is_pending());
+            stream.wake();
+            assert!(wait.await, "woken");
         }
-    }
-
-    #[test]
-    fn a_session_counts_on_its_connection_while_it_lives() {
-        let open = ConnectionFollowers::default();
-        let first = open.enter();
-        assert!(!open.several());
-        let second = open.enter();
-        assert!(open.several());
-        drop(first);
-        assert!(!open.several());
-        drop(second);
-        assert_eq!(open.0.load(Ordering::Relaxed), 0);
+        let (near, mut far) = tokio::io::duplex(1024);
+        let mut io = CoalescedWrites::waiting_when(near, connection, || true);
+        io.write_all(b"x").await.unwrap();
+        let woken = Arc::new(Woken(AtomicBool::new(false)));
+        let waker = Waker::from(woken.clone());
+        let held_in = hold_release::current();
+        let flush = Pin::new(&mut io).poll_flush(&mut Context::from_waker(&waker));
+        assert!(flush.is_pending(), "held while a delivery is pending");
+        drop(owed);
+        // The release thread may have let it go meanwhile: only a wake-up without one
+        // shows that the delivery woke it.
+        if hold_release::current() == held_in {
+            assert!(woken.0.load(Ordering::SeqCst), "woken by the delivery");
+        }
+        let flush = Pin::new(&mut io).poll_flush(&mut Context::from_waker(&waker));
+        assert!(flush.is_ready(), "flushed once the delivery was made");
+        let mut byte = [0u8; 1];
+        far.read_exact(&mut byte).await.unwrap();
+        assert_eq!(&byte, b"x");
     }
 
     #[test]

@@ -7,15 +7,17 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::api::App;
-use crate::coalesce::{CoalescedWrites, ConnectionFollowers};
+use crate::coalesce::CoalescedWrites;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use streamgate_core::connections::{self, ConnectionSlot, ConnectionSlots, HANDSHAKE_TIMEOUT};
+use streamgate_core::follow::ConnectionFollowers;
 use streamgate_http::ClientAddress;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -137,7 +139,7 @@ async fn handshake_then_serve(
     watcher: hyper_util::server::graceful::Watcher,
     slot: ConnectionSlot,
 ) {
-    let followers = ConnectionFollowers::default();
+    let followers = Arc::new(ConnectionFollowers::default());
     let service = service_for(&app, peer, followers.clone());
     match tls {
         None => {
@@ -173,7 +175,7 @@ async fn handshake_then_serve(
 fn service_for(
     app: &App,
     peer: SocketAddr,
-    followers: ConnectionFollowers,
+    followers: Arc<ConnectionFollowers>,
 ) -> TowerToHyperService<
     tower::util::MapRequest<
         App,

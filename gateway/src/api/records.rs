@@ -1,6 +1,7 @@
 //! `/v1/streams/{stream}/records`: append, single-batch read, check tail. Bodies are JSON
 //! or protobuf (`application/protobuf` or `application/x-protobuf`); errors are JSON.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -10,6 +11,7 @@ use axum::Extension;
 use axum::Json;
 use prost::Message;
 use serde::Deserialize;
+use streamgate_core::follow::ConnectionFollowers;
 use streamgate_core::read::{ReadLimits, ReadRequest, ReadStart};
 
 use super::error::{ApiError, ApiResult};
@@ -20,7 +22,6 @@ use super::json::{self, AppendInputJson, Format};
 use super::proto;
 use super::sessions::read::{ResumeFrom, S2sEncoder, SessionBounds, SseEncoder};
 use super::sessions::{self, append::AppendSession, frame::Compression, Drain};
-use crate::coalesce::ConnectionFollowers;
 
 fn is_protobuf(media_type: &str) -> bool {
     let essence = media_type.split(';').next().unwrap_or_default().trim();
@@ -157,7 +158,7 @@ pub async fn read(
     Basin(basin): Basin,
     StreamPath(stream): StreamPath,
     ApiQuery(query): ApiQuery<ReadQuery>,
-    followers: Option<Extension<ConnectionFollowers>>,
+    followers: Option<Extension<Arc<ConnectionFollowers>>>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let format = Format::from_headers(&headers)?;
@@ -196,7 +197,7 @@ pub async fn read(
         bounds.bytes = bounds.bytes.map(|b| b.saturating_sub(resume.bytes));
     }
     request.validate()?;
-    let reader = caller
+    let mut reader = caller
         .open_reader(
             &basin,
             &stream,
@@ -209,20 +210,22 @@ pub async fn read(
     if !exhausted && !bounds.waits() {
         reader.refuse_at_tail()?;
     }
+    if let Some(Extension(followers)) = followers {
+        reader.follow_on(followers);
+    }
     let session = (basin, stream, reader);
-    let counted = followers.map(|Extension(followers)| followers.enter());
     Ok(if s2s {
         let encoder = S2sEncoder {
             compression: Compression::negotiate(&headers),
         };
-        sessions::read::respond(caller, session, bounds, encoder, drain, counted)
+        sessions::read::respond(caller, session, bounds, encoder, drain)
     } else {
         let encoder = SseEncoder {
             format,
             delivered_count: resume.map_or(0, |r| r.count),
             delivered_bytes: resume.map_or(0, |r| r.bytes),
         };
-        sessions::read::respond(caller, session, bounds, encoder, drain, counted)
+        sessions::read::respond(caller, session, bounds, encoder, drain)
     })
 }
 

@@ -23,7 +23,6 @@ use super::Drain;
 use crate::api::error::ApiError;
 use crate::api::json::{self, Format};
 use crate::api::proto;
-use crate::coalesce::FollowerGuard;
 
 /// What limits a session as a whole (not one batch).
 #[derive(Debug, Clone, Copy)]
@@ -191,11 +190,9 @@ pub fn respond<E: SessionEncoder>(
     bounds: SessionBounds,
     encoder: E,
     drain: Drain,
-    on_connection: Option<FollowerGuard>,
 ) -> Response {
     let session = ReadSession {
         _open: streamgate_core::telemetry::OpenGuard::new(E::KIND),
-        _on_connection: on_connection,
         caller,
         basin,
         stream,
@@ -227,9 +224,6 @@ fn heartbeat_delay() -> Duration {
 /// One read session's state between frames.
 struct ReadSession<E> {
     _open: streamgate_core::telemetry::OpenGuard,
-    /// Counts the session among its connection's, which decides how that connection
-    /// gathers its writes (`coalesce`).
-    _on_connection: Option<FollowerGuard>,
     caller: Caller,
     basin: BasinName,
     stream: StreamName,
