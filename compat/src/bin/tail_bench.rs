@@ -14,7 +14,10 @@
 //! so that builds are compared at the same offered load.
 //!
 //! The readers share the machine with the server, so what they cost shows in its
-//! latencies. `--readers-client lean` opens the same S2S read sessions with a plain
+//! latencies. The writer's thread runs at a real-time priority where the system allows
+//! (`--writer-priority`): otherwise the readers' threads, busy with a record's
+//! deliveries, keep it from reading its acknowledgement for milliseconds, a delay a
+//! writer on a machine of its own would not see. `--readers-client lean` opens the same S2S read sessions with a plain
 //! HTTP/2 client (hyper, through reqwest) that only splits the frames and takes each
 //! record's body out of its `ReadBatch`, with as many sessions per connection as the
 //! SDK puts on one; the official SDK's sessions (the default) do much more per record.
@@ -46,9 +49,26 @@ struct Args {
     /// the load generator takes less of the machine.
     #[arg(long, value_enum, default_value_t = ReadersClient::Sdk)]
     readers_client: ReadersClient,
+    /// The writer thread's scheduling: real-time (SCHED_FIFO) where permitted, or the
+    /// same as every other thread.
+    #[arg(long, value_enum, default_value_t = WriterPriority::Realtime)]
+    writer_priority: WriterPriority,
     /// Where the server under test keeps its data (emptied before and after).
     #[arg(long, default_value = "target/tail-bench-data")]
     data_dir: std::path::PathBuf,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum WriterPriority {
+    Realtime,
+    Normal,
+}
+
+/// Puts the calling thread under SCHED_FIFO; whether the system allowed it.
+fn run_in_realtime() -> bool {
+    let param = libc::sched_param { sched_priority: 10 };
+    // SAFETY: `param` is a valid `sched_param`; pid 0 is the calling thread.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -269,18 +289,23 @@ async fn main() {
             let stream = sdk_client(&server)
                 .basin(basin_name.clone())
                 .stream(name.clone());
-            let (records, rate) = (args.records, args.rate);
+            let (records, rate, priority) = (args.records, args.rate, args.writer_priority);
             std::thread::spawn(move || {
+                let realtime = priority == WriterPriority::Realtime && run_in_realtime();
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .unwrap();
-                runtime.block_on(append_timestamps(stream, records, rate))
+                (
+                    runtime.block_on(append_timestamps(stream, records, rate)),
+                    realtime,
+                )
             })
         };
-        let mut ack_latencies = tokio::task::spawn_blocking(move || writer.join().unwrap())
-            .await
-            .unwrap();
+        let (mut ack_latencies, writer_realtime) =
+            tokio::task::spawn_blocking(move || writer.join().unwrap())
+                .await
+                .unwrap();
         let mut ended_early = 0;
         for task in tasks {
             let followed = tokio::time::timeout(Duration::from_secs(60), task).await;
@@ -297,7 +322,7 @@ async fn main() {
         delivered.sort_unstable();
         ack_latencies.sort_unstable();
         println!(
-            "{readers} tailing readers{}{}: append ack p50 {:.2} ms; delivery after append p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms ({} deliveries in {:.1} s); server RSS {} MiB -> {} MiB idle = {:.1} KiB per idle reader; CPU while delivering: server {:.0}%, load generator {:.0}% of one core ({} cores)",
+            "{readers} tailing readers{}{}: append ack p50 {:.2} ms; delivery after append p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms ({} deliveries in {:.1} s); server RSS {} MiB -> {} MiB idle = {:.1} KiB per idle reader; CPU while delivering: server {:.0}%, load generator {:.0}% of one core ({} cores); writer at {} priority",
             if args.readers_client == ReadersClient::Lean { " (lean clients)" } else { "" },
             args.rate.map_or(String::new(), |rate| format!(", {rate} records/s on a clock")),
             percentile(&ack_latencies, 0.5),
@@ -312,6 +337,11 @@ async fn main() {
             server_cpu,
             generator_cpu,
             std::thread::available_parallelism().map_or(1, |n| n.get()),
+            match (writer_realtime, args.writer_priority) {
+                (true, _) => "real-time",
+                (false, WriterPriority::Normal) => "normal",
+                (false, WriterPriority::Realtime) => "normal (real-time was refused)",
+            },
         );
         if ended_early > 0 {
             println!(
