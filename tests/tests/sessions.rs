@@ -638,3 +638,56 @@ async fn pipelined_xadds_that_arrive_together_are_one_append() {
         }
     }
 }
+
+/// Sessions following one stream over one HTTP/2 connection wait at its tail together
+/// (woken connection by connection): each gets every record, and each ends with an
+/// error once the stream is deleted, at once (not at its next heartbeat, 5 s or more
+/// after its last record, when a session not woken would look again).
+#[tokio::test]
+async fn followers_sharing_a_connection_each_get_every_record_and_end_with_their_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let endpoint = server.endpoint.clone();
+    let client = setup(&endpoint, "shared").await;
+    let one_connection = streamgate_tests::client_builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let mut followers = Vec::new();
+    for _ in 0..3 {
+        let mut session = sse_session(&one_connection, &endpoint, "shared/records?seq_num=0").await;
+        let (event, _, _) = session.next_event().await;
+        assert_eq!(event, "ping", "following from the start");
+        followers.push(session);
+    }
+    for (seq_num, body) in ["one", "two"].into_iter().enumerate() {
+        append(&client, &endpoint, "shared", &[body]).await;
+        for session in &mut followers {
+            let (event, id, data) = promptly(session.next_event()).await;
+            assert_eq!(event, "batch");
+            assert!(id.starts_with(&format!("{seq_num},")), "{id}");
+            let batch: Value = serde_json::from_str(&data).unwrap();
+            assert_eq!(batch["records"][0]["body"], body);
+        }
+    }
+    let deleted = client
+        .delete(format!("{endpoint}/v1/streams/shared"))
+        .header("s2-basin", BASIN)
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    for session in &mut followers {
+        let (event, _, data) = promptly(session.next_event()).await;
+        assert_eq!(event, "error", "{data}");
+        let error: Value = serde_json::from_str(&data).unwrap();
+        assert_eq!(error["code"], "stream_deletion_pending", "{error}");
+    }
+}
+
+/// What `event` gives, which must come within 3 s.
+async fn promptly<T>(event: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(3), event)
+        .await
+        .expect("within 3 s")
+}
