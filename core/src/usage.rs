@@ -60,14 +60,17 @@ impl ConnectionId {
     }
 }
 
-/// One count of one minute, before it is written.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// One count of one minute of a basin, before it is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct CountKey {
     minute: u64,
-    basin: String,
     metric: &'static str,
     series: &'static str,
 }
+
+/// The counts not yet written, by basin (`""` for the account's): a count added to a
+/// basin already counted allocates nothing (a read session adds one for every batch).
+type Counts = HashMap<String, HashMap<CountKey, u64>>;
 
 /// A streaming operation already counted this minute: (minute, connection, stream,
 /// whether it is a read).
@@ -75,7 +78,7 @@ type SessionMinute = (u64, ConnectionId, u64, bool);
 
 #[derive(Default)]
 struct Pending {
-    counts: HashMap<CountKey, u64>,
+    counts: Counts,
     sessions: HashSet<SessionMinute>,
 }
 
@@ -123,13 +126,33 @@ impl UsageRecorder {
         (metric, series): (&'static str, &'static str),
         n: u64,
     ) {
+        Self::add_in(
+            pending,
+            Resolution::Minute.bucket_of(now_secs()),
+            basin,
+            (metric, series),
+            n,
+        );
+    }
+
+    fn add_in(
+        pending: &mut Pending,
+        minute: u64,
+        basin: &str,
+        (metric, series): (&'static str, &'static str),
+        n: u64,
+    ) {
         let key = CountKey {
-            minute: Resolution::Minute.bucket_of(now_secs()),
-            basin: basin.to_owned(),
+            minute,
             metric,
             series,
         };
-        *pending.counts.entry(key).or_default() += n;
+        if let Some(counts) = pending.counts.get_mut(basin) {
+            *counts.entry(key).or_default() += n;
+            return;
+        }
+        let counts = pending.counts.entry(basin.to_owned()).or_default();
+        counts.insert(key, n);
     }
 
     /// An account-level request (`basin` is `None`) or a basin-level one.
@@ -205,7 +228,7 @@ impl UsageRecorder {
         let minute = Resolution::Minute.bucket_of(now_secs());
         let mut pending = self.pending.lock();
         if bytes > 0 {
-            Self::add(&mut pending, basin.as_str(), kind.throughput, bytes);
+            Self::add_in(&mut pending, minute, basin.as_str(), kind.throughput, bytes);
         }
         // Without a connection (the server's own calls), every call is one operation.
         let first = match connection {
@@ -219,7 +242,7 @@ impl UsageRecorder {
             _ => true,
         };
         if first {
-            Self::add(&mut pending, basin.as_str(), kind.ops, 1);
+            Self::add_in(&mut pending, minute, basin.as_str(), kind.ops, 1);
         }
     }
 
@@ -237,11 +260,12 @@ impl UsageRecorder {
         }
         let rows: Vec<UsageRow> = counts
             .iter()
-            .flat_map(|(key, value)| {
+            .flat_map(|(basin, counts)| counts.iter().map(move |count| (basin, count)))
+            .flat_map(|(basin, (key, value))| {
                 Resolution::ALL.into_iter().map(move |resolution| UsageRow {
                     resolution,
                     bucket: resolution.bucket_of(key.minute),
-                    basin: key.basin.clone(),
+                    basin: basin.clone(),
                     stream: String::new(),
                     metric: key.metric,
                     series: key.series.to_owned(),
@@ -251,14 +275,20 @@ impl UsageRecorder {
             .collect();
         metadata.add_usage(&rows, &[]).await?;
         let mut pending = self.pending.lock();
-        for (key, written) in counts {
-            if let std::collections::hash_map::Entry::Occupied(mut entry) =
-                pending.counts.entry(key)
-            {
-                *entry.get_mut() -= written;
-                if *entry.get() == 0 {
-                    entry.remove();
+        for (basin, written) in counts {
+            let Some(counts) = pending.counts.get_mut(&basin) else {
+                continue;
+            };
+            for (key, written) in written {
+                if let std::collections::hash_map::Entry::Occupied(mut entry) = counts.entry(key) {
+                    *entry.get_mut() -= written;
+                    if *entry.get() == 0 {
+                        entry.remove();
+                    }
                 }
+            }
+            if counts.is_empty() {
+                pending.counts.remove(&basin);
             }
         }
         Ok(())
@@ -357,7 +387,8 @@ mod tests {
         let sum = |series: (&str, &str)| -> u64 {
             let matching = pending
                 .counts
-                .iter()
+                .values()
+                .flatten()
                 .filter(|(key, _)| (key.metric, key.series) == series);
             matching.map(|(_, n)| *n).sum()
         };
