@@ -10,6 +10,7 @@ pub mod power_loss_fs;
 pub mod proxy;
 pub mod resp;
 pub mod s2s;
+pub mod sse;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

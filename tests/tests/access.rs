@@ -7,6 +7,7 @@ use std::time::Duration;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 use streamgate_tests::resp::{Connection, Reply};
+use streamgate_tests::sse::SseSession;
 use streamgate_tests::{path_segment, wire, Server, ROOT_TOKEN};
 
 const BASIN_A: &str = "access-basin-a";
@@ -658,43 +659,17 @@ async fn append_as_root(endpoint: &str, stream: &str, body: &str) -> reqwest::St
         .status()
 }
 
-/// What a following SSE session on `stream` of `BASIN_A`, opened with `token`, has
-/// sent so far.
-struct SseText {
-    events: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
-    seen: String,
-}
-
-impl SseText {
-    async fn open(endpoint: &str, token: &str, stream: &str) -> SseText {
-        let response = bearer(
+/// A following SSE session of the stream `stream`, as the holder of `token`.
+async fn open_sse(endpoint: &str, token: &str, stream: &str) -> SseSession {
+    SseSession::open(
+        bearer(
             anonymous().get(format!("{endpoint}/v1/streams/{stream}/records?seq_num=0")),
             token,
         )
         .header("s2-basin", BASIN_A)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap();
-        assert_eq!(response.status(), 200);
-        SseText {
-            events: Box::pin(response.bytes_stream()),
-            seen: String::new(),
-        }
-    }
-
-    /// Reads until what was sent contains `needle`.
-    async fn read_until(&mut self, needle: &str) {
-        use futures::StreamExt;
-        while !self.seen.contains(needle) {
-            let chunk = tokio::time::timeout(Duration::from_secs(20), self.events.next())
-                .await
-                .expect("the session goes on")
-                .expect("the session is open")
-                .unwrap();
-            self.seen.push_str(std::str::from_utf8(&chunk).unwrap());
-        }
-    }
+        .header("accept", "text/event-stream"),
+    )
+    .await
 }
 
 #[tokio::test]
@@ -711,7 +686,7 @@ async fn revocation_reaches_open_sessions_and_connections() {
     )
     .await;
     // A following SSE session and an authenticated RESP connection, both working.
-    let mut sse = SseText::open(&endpoint, &token, "live").await;
+    let mut sse = open_sse(&endpoint, &token, "live").await;
     assert_eq!(append_as_root(&endpoint, "live", "before").await, 200);
     sse.read_until("before").await;
 
@@ -831,7 +806,7 @@ async fn an_open_session_ends_when_its_token_expires() {
         }),
     )
     .await;
-    let mut sse = SseText::open(&endpoint, &token, "expiring").await;
+    let mut sse = open_sse(&endpoint, &token, "expiring").await;
     assert_eq!(append_as_root(&endpoint, "expiring", "before").await, 200);
     sse.read_until("before").await;
     assert!(

@@ -978,23 +978,19 @@ fn follow_sse(
             text.push_str(&String::from_utf8_lossy(&chunk));
             while let Some(end) = text.find("\n\n") {
                 let block: String = text.drain(..end + 2).collect();
-                let field = |name: &str| {
-                    block
-                        .lines()
-                        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-                        .unwrap_or("")
-                        .to_owned()
+                let Some((event, _, data)) = streamgate_tests::sse::events(&block).pop() else {
+                    continue;
                 };
                 let mut followed = into.lock().unwrap();
-                match field("event").as_str() {
+                match event.as_str() {
                     "batch" => {
-                        let batch: Value = serde_json::from_str(&field("data")).unwrap();
+                        let batch: Value = serde_json::from_str(&data).unwrap();
                         for record in batch["records"].as_array().unwrap() {
                             let body = record["body"].as_str().unwrap_or_default();
                             followed.bodies.push(body.to_owned());
                         }
                     }
-                    "error" => followed.errors.push(field("data")),
+                    "error" => followed.errors.push(data),
                     _ => {}
                 }
             }

@@ -9,6 +9,7 @@ use futures::StreamExt;
 use reqwest::Client;
 use serde_json::{json, Value};
 use streamgate_tests::resp::{self, Reply};
+use streamgate_tests::sse::{self, SseSession};
 use streamgate_tests::{wire, Server};
 
 const BASIN: &str = "session-test";
@@ -31,23 +32,6 @@ async fn append(client: &Client, endpoint: &str, stream: &str, bodies: &[&str]) 
     assert_eq!(status, 200);
 }
 
-/// Parses SSE text into (event, id, data) triples.
-fn events(text: &str) -> Vec<(String, String, String)> {
-    text.split("\n\n")
-        .filter(|block| !block.trim().is_empty())
-        .map(|block| {
-            let field = |name: &str| {
-                block
-                    .lines()
-                    .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-                    .unwrap_or("")
-                    .to_owned()
-            };
-            (field("event"), field("id"), field("data"))
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn sse_reads_batches_ends_with_done_and_resumes_after_last_event_id() {
     let dir = tempfile::tempdir().unwrap();
@@ -58,19 +42,14 @@ async fn sse_reads_batches_ends_with_done_and_resumes_after_last_event_id() {
     append(&client, &endpoint, "sse", &["four"]).await;
 
     // A bounded session: all four records, then `[DONE]`.
-    let response = client
-        .get(format!(
-            "{endpoint}/v1/streams/sse/records?seq_num=0&count=4"
-        ))
-        .header("s2-basin", BASIN)
-        .header("accept", "text/event-stream")
+    let response = sse_get(&client, &endpoint, "sse/records?seq_num=0&count=4")
         .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let text = response.text().await.unwrap();
-    let events = events(&text);
+    let events = sse::events(&text);
     let batches: Vec<_> = events.iter().filter(|(e, _, _)| e == "batch").collect();
     let bodies: Vec<String> = batches
         .iter()
@@ -91,17 +70,12 @@ async fn sse_reads_batches_ends_with_done_and_resumes_after_last_event_id() {
     assert_eq!(events.last().unwrap().2, "[DONE]");
 
     // Resume after the second record with `count=3`: one record is left to deliver.
-    let response = client
-        .get(format!(
-            "{endpoint}/v1/streams/sse/records?seq_num=0&count=3"
-        ))
-        .header("s2-basin", BASIN)
-        .header("accept", "text/event-stream")
+    let response = sse_get(&client, &endpoint, "sse/records?seq_num=0&count=3")
         .header("last-event-id", "1:2:22")
         .send()
         .await
         .unwrap();
-    let events = crate::events(&response.text().await.unwrap());
+    let events = sse::events(&response.text().await.unwrap());
     let batch: Value = serde_json::from_str(&events[0].2).unwrap();
     assert_eq!(batch["records"][0]["body"], "three");
     assert_eq!(batch["records"].as_array().unwrap().len(), 1);
@@ -109,10 +83,7 @@ async fn sse_reads_batches_ends_with_done_and_resumes_after_last_event_id() {
     assert_eq!(events.last().unwrap().2, "[DONE]");
 
     // A bad Last-Event-ID is a plain 400 before the stream starts.
-    let response = client
-        .get(format!("{endpoint}/v1/streams/sse/records?seq_num=0"))
-        .header("s2-basin", BASIN)
-        .header("accept", "text/event-stream")
+    let response = sse_get(&client, &endpoint, "sse/records?seq_num=0")
         .header("last-event-id", "nonsense")
         .send()
         .await
@@ -144,20 +115,17 @@ async fn a_following_sse_session_pings_when_it_catches_up_and_delivers_live_reco
     assert_eq!(batch["tail"]["seq_num"], 1, "live batches carry the tail");
 }
 
-/// Opens an SSE session on `query` and returns its events as they come.
-async fn sse_session(client: &Client, endpoint: &str, query: &str) -> SseReader {
-    let response = client
+/// A GET of `query` under `/v1/streams/` in the test basin, asking for SSE.
+fn sse_get(client: &Client, endpoint: &str, query: &str) -> reqwest::RequestBuilder {
+    client
         .get(format!("{endpoint}/v1/streams/{query}"))
         .header("s2-basin", BASIN)
         .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    SseReader {
-        body: Box::pin(response.bytes_stream()),
-        text: String::new(),
-    }
+}
+
+/// Opens an SSE session on `query` and returns its events as they come.
+async fn sse_session(client: &Client, endpoint: &str, query: &str) -> SseSession {
+    SseSession::open(sse_get(client, endpoint, query)).await
 }
 
 /// A following session that goes quiet sends a heartbeat 5-15 s after its last event,
@@ -396,7 +364,9 @@ async fn sigterm_acknowledges_accepted_inputs_then_ends_append_sessions_with_ser
     let error: Value = serde_json::from_slice(&body[2..]).unwrap();
     assert_eq!(error["code"], "server_draining", "{error}");
     let sse = String::from_utf8(sse_read.await.unwrap()).unwrap();
-    let (event, _, data) = events(&sse).pop().expect("the SSE session sent events");
+    let (event, _, data) = sse::events(&sse)
+        .pop()
+        .expect("the SSE session sent events");
     assert_eq!(
         event, "error",
         "the SSE session ends with an error event: {sse}"
@@ -416,29 +386,6 @@ async fn sigterm_acknowledges_accepted_inputs_then_ends_append_sessions_with_ser
         bodies, expected,
         "every acknowledged input, in order, and nothing else"
     );
-}
-
-/// Reads SSE events one at a time from a streaming response.
-struct SseReader {
-    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
-    text: String,
-}
-
-impl SseReader {
-    async fn next_event(&mut self) -> (String, String, String) {
-        loop {
-            if let Some(end) = self.text.find("\n\n") {
-                let event: String = self.text.drain(..end + 2).collect();
-                return events(&event).remove(0);
-            }
-            let chunk = tokio::time::timeout(Duration::from_secs(20), self.body.next())
-                .await
-                .expect("an event within 20 s")
-                .unwrap()
-                .unwrap();
-            self.text.push_str(std::str::from_utf8(&chunk).unwrap());
-        }
-    }
 }
 
 #[tokio::test]
